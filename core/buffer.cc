@@ -1,0 +1,156 @@
+#include "cohort/core/buffer.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "cohort/core/error.h"
+
+namespace cohort {
+namespace {
+
+void* aligned_bytes(std::size_t bytes) {
+  const std::size_t rounded = (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
+  void* p = std::aligned_alloc(kBufferAlignment, std::max<std::size_t>(rounded, kBufferAlignment));
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+constexpr std::size_t kMinClassBytes = 4096;
+
+std::size_t size_class(std::size_t bytes) {
+  const std::size_t cap = std::bit_ceil(std::max(bytes, kMinClassBytes));
+  return static_cast<std::size_t>(std::countr_zero(cap)) - 12;  // 4 KiB is class 0
+}
+
+}  // namespace
+
+void FloatBuffer::Free::operator()(float* p) const noexcept { std::free(p); }
+
+FloatBuffer::FloatBuffer(std::size_t size) : size_(size) {
+  if (size == 0) return;
+  data_.reset(static_cast<float*>(aligned_bytes(size * sizeof(float))));
+  std::memset(data_.get(), 0, size * sizeof(float));
+}
+
+FloatBuffer::FloatBuffer(std::span<const float> values) : FloatBuffer(values.size()) {
+  if (!values.empty()) std::memcpy(data(), values.data(), values.size_bytes());
+}
+
+FloatBuffer FloatBuffer::clone() const { return FloatBuffer(span()); }
+
+void FloatBuffer::resize(std::size_t size) {
+  if (size == size_) return;
+  FloatBuffer next(size);
+  const std::size_t keep = std::min(size, size_);
+  if (keep > 0) std::memcpy(next.data(), data(), keep * sizeof(float));
+  *this = std::move(next);
+}
+
+void FloatBuffer::fill(float value) { std::fill(begin(), end(), value); }
+
+struct PooledBuffer::Block {
+  std::byte* memory = nullptr;
+  std::size_t capacity = 0;
+  std::weak_ptr<BufferPool> pool;
+
+  Block(std::size_t cap, std::weak_ptr<BufferPool> owner)
+      : memory(static_cast<std::byte*>(aligned_bytes(cap))), capacity(cap), pool(std::move(owner)) {
+    std::memset(memory, 0, cap);  // first touch now, not on the hot path
+  }
+  ~Block() { std::free(memory); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+};
+
+PooledBuffer::PooledBuffer(std::unique_ptr<Block> block, std::size_t size)
+    : block_(std::move(block)), size_(size) {}
+
+PooledBuffer::PooledBuffer(PooledBuffer&& other) noexcept
+    : block_(std::move(other.block_)), size_(std::exchange(other.size_, 0)) {}
+
+PooledBuffer& PooledBuffer::operator=(PooledBuffer&& other) noexcept {
+  if (this != &other) {
+    if (block_) release_detached(block_.release());
+    block_ = std::move(other.block_);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+PooledBuffer::~PooledBuffer() {
+  if (block_) release_detached(block_.release());
+}
+
+std::byte* PooledBuffer::data() { return block_ ? block_->memory : nullptr; }
+const std::byte* PooledBuffer::data() const { return block_ ? block_->memory : nullptr; }
+std::size_t PooledBuffer::capacity() const { return block_ ? block_->capacity : 0; }
+
+void PooledBuffer::resize(std::size_t size) {
+  COHORT_CHECK(size <= capacity()) << "resize to " << size << " beyond capacity " << capacity();
+  size_ = size;
+}
+
+void* PooledBuffer::detach() {
+  size_ = 0;
+  return block_.release();
+}
+
+void PooledBuffer::release_detached(void* handle) noexcept {
+  std::unique_ptr<Block> block(static_cast<Block*>(handle));
+  if (!block) return;
+  if (auto pool = block->pool.lock()) pool->give_back(std::move(block));
+}
+
+std::shared_ptr<BufferPool> BufferPool::create(std::size_t max_cached_bytes) {
+  return std::shared_ptr<BufferPool>(new BufferPool(max_cached_bytes));
+}
+
+BufferPool::BufferPool(std::size_t max_cached_bytes) : max_cached_bytes_(max_cached_bytes) {}
+BufferPool::~BufferPool() = default;
+
+PooledBuffer BufferPool::acquire(std::size_t bytes) {
+  const std::size_t cls = size_class(bytes);
+  {
+    std::lock_guard lock(mu_);
+    if (cls < free_.size() && !free_[cls].empty()) {
+      auto block = std::move(free_[cls].back());
+      free_[cls].pop_back();
+      stats_.cached_bytes -= block->capacity;
+      ++stats_.hits;
+      return PooledBuffer(std::move(block), bytes);
+    }
+    ++stats_.misses;
+  }
+  auto block = std::make_unique<PooledBuffer::Block>(kMinClassBytes << cls, weak_from_this());
+  return PooledBuffer(std::move(block), bytes);
+}
+
+void BufferPool::give_back(std::unique_ptr<PooledBuffer::Block> block) noexcept {
+  const std::size_t cls = size_class(block->capacity);
+  std::lock_guard lock(mu_);
+  if (stats_.cached_bytes + block->capacity > max_cached_bytes_) return;  // freed here
+  try {
+    if (free_.size() <= cls) free_.resize(cls + 1);
+    stats_.cached_bytes += block->capacity;
+    free_[cls].push_back(std::move(block));
+  } catch (...) {
+    // Out of memory while caching: the block is simply freed.
+  }
+}
+
+BufferPool::Stats BufferPool::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void BufferPool::trim() {
+  std::lock_guard lock(mu_);
+  free_.clear();
+  stats_.cached_bytes = 0;
+}
+
+}  // namespace cohort

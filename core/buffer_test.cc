@@ -1,0 +1,57 @@
+#include "cohort/core/buffer.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <thread>
+
+TEST_CASE("FloatBuffer is aligned, zeroed and resizes keeping its prefix") {
+  cohort::FloatBuffer b(1000);
+  CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % cohort::kBufferAlignment == 0);
+  for (float v : b) CHECK(v == 0.0f);
+  b[3] = 7.0f;
+  b.resize(2000);
+  CHECK(b.size() == 2000);
+  CHECK(b[3] == 7.0f);
+  CHECK(b[1999] == 0.0f);
+  auto c = b.clone();
+  c[3] = 1.0f;
+  CHECK(b[3] == 7.0f);
+}
+
+TEST_CASE("BufferPool reuses blocks instead of allocating per request") {
+  auto pool = cohort::BufferPool::create();
+  const std::byte* first = nullptr;
+  {
+    auto a = pool->acquire(1 << 20);
+    CHECK(a.size() == (1u << 20));
+    CHECK(a.capacity() >= (1u << 20));
+    first = a.data();
+  }
+  auto b = pool->acquire((1 << 20) - 100);  // same size class
+  CHECK(b.data() == first);
+  CHECK(pool->stats().hits == 1);
+  CHECK(pool->stats().misses == 1);
+}
+
+TEST_CASE("a detached buffer returns to its pool from another thread, or frees without it") {
+  auto pool = cohort::BufferPool::create();
+  auto a = pool->acquire(5000);
+  void* handle = a.detach();
+  std::thread([handle] { cohort::PooledBuffer::release_detached(handle); }).join();
+  CHECK(pool->stats().cached_bytes == 8192);
+
+  auto b = pool->acquire(100);
+  void* orphan = b.detach();
+  pool.reset();  // the pool is gone before the buffer comes back
+  cohort::PooledBuffer::release_detached(orphan);
+}
+
+TEST_CASE("BufferPool caches at most its limit") {
+  auto pool = cohort::BufferPool::create(8192);
+  {
+    auto a = pool->acquire(8192);
+    auto b = pool->acquire(8192);
+  }
+  CHECK(pool->stats().cached_bytes == 8192);
+}

@@ -1,0 +1,30 @@
+// The command-line face of a Config: --config FILE, --set key=value (repeatable),
+// --print-config, and every schema key as its own flag (--server.rounds=5 or --server.rounds 5).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/core/config.h"
+
+namespace cohort {
+
+struct ConfigFlags {
+  std::string file;
+  std::vector<std::string> overrides;
+  bool print_config = false;
+  std::string log_level = "info";
+};
+
+// Adds --config, --set, --print-config and --log-level to `app`, and lets it keep unknown
+// "--section.key" flags for finish_config. The schema's help text is appended to --help.
+void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& schema);
+
+// Builds the Config after app.parse(): file, then --set overrides, then dotted flags, in order.
+// Throws ConfigError for an unknown key, a bad value or a stray argument.
+Config finish_config(const CLI::App& app, const ConfigFlags& flags, const ConfigSchema& schema);
+
+}  // namespace cohort

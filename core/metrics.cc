@@ -1,0 +1,37 @@
+#include "cohort/core/metrics.h"
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/core/error.h"
+
+namespace cohort {
+
+MetricsSink::MetricsSink(const std::filesystem::path& path) {
+  if (path.empty()) return;
+  out_.open(path, std::ios::out | std::ios::trunc);
+  if (!out_) throw ConfigError("cannot write metrics file " + path.string());
+  enabled_ = true;
+}
+
+std::string MetricsSink::encode(std::string_view event, const std::vector<MetricField>& fields) {
+  nlohmann::ordered_json j;
+  j["event"] = event;
+  for (const auto& [k, v] : fields) {
+    std::visit([&](const auto& x) { j[k] = x; }, v);
+  }
+  return j.dump();
+}
+
+void MetricsSink::write(std::string_view event, std::initializer_list<MetricField> fields) {
+  write(event, std::vector<MetricField>(fields));
+}
+
+void MetricsSink::write(std::string_view event, const std::vector<MetricField>& fields) {
+  if (!enabled_) return;
+  const std::string line = encode(event, fields);
+  std::lock_guard lock(mu_);
+  out_ << line << '\n';
+  out_.flush();
+}
+
+}  // namespace cohort

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs Cohort's build, test and run dependencies from Debian's packages.
+# Idempotent: packages already present are skipped, apt-get update runs only when needed.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libzmq3-dev cppzmq-dev
+  capnproto libcapnp-dev
+  libssl-dev openssl
+  libeigen3-dev
+  doctest-dev
+  libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  zlib1g-dev
+  dataset-fashion-mnist
+  iproute2 nftables
+  python3-yaml
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
