@@ -66,6 +66,8 @@ struct PooledBuffer::Block {
   Block& operator=(const Block&) = delete;
 };
 
+PooledBuffer::PooledBuffer() = default;
+
 PooledBuffer::PooledBuffer(std::unique_ptr<Block> block, std::size_t size)
     : block_(std::move(block)), size_(size) {}
 

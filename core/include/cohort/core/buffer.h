@@ -64,7 +64,7 @@ class BufferPool;
 // Its size is what the user asked for; its capacity is the pool's size class (a power of two).
 class PooledBuffer {
  public:
-  PooledBuffer() = default;
+  PooledBuffer();
   PooledBuffer(PooledBuffer&& other) noexcept;
   PooledBuffer& operator=(PooledBuffer&& other) noexcept;
   PooledBuffer(const PooledBuffer&) = delete;

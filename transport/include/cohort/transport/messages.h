@@ -1,0 +1,168 @@
+// The protocol's messages as plain C++ values, and their encoding to and from the wire.
+//
+// schema/cohort.capnp is the only definition of the wire; these structs mirror it field for field
+// so that server and client code never touch Cap'n Proto types (STYLE.md: decode at the seam).
+// encode() writes a flat Cap'n Proto message; decode() reads one with explicit traversal and
+// nesting limits and throws ProtocolError for anything malformed, oversized or out of range.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "cohort/core/ids.h"
+
+namespace cohort::transport {
+
+inline constexpr std::uint16_t kProtocolVersion = 1;
+// Largest encoded envelope accepted; bulk bytes travel beside it, so 64 KiB is generous.
+inline constexpr std::size_t kMaxEnvelopeBytes = 64 * 1024;
+
+enum class Role : std::uint8_t { kClient, kShard, kPeer, kObserver };
+enum class Encoding : std::uint8_t {
+  kDenseF32, kDenseF16, kDenseBf16, kInt8, kQsgd, kTopK, kRandomK, kSign, kPowerSgd
+};
+enum class PushKind : std::uint8_t { kDelta, kGradient };
+enum class ErrorCode : std::uint8_t {
+  kMalformed, kVersionMismatch, kUnauthorized, kUnknownNode, kBadRange, kTooLarge, kLateOrStale,
+  kInternal, kShuttingDown
+};
+
+struct Register {
+  Role role = Role::kClient;
+  std::uint64_t dataset_size = 0;
+  std::string device;
+  std::string listen_url;
+  std::uint64_t resume_token = 0;
+  bool operator==(const Register&) const = default;
+};
+struct ShardInfo {
+  std::uint32_t index = 0;
+  std::string url;
+  std::string node_id;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  bool operator==(const ShardInfo&) const = default;
+};
+struct Welcome {
+  std::uint32_t client_index = 0;
+  std::uint64_t model_size = 0;
+  std::string model_spec;
+  std::vector<ShardInfo> shards;
+  std::uint64_t current_round = 0;
+  std::uint32_t heartbeat_ms = 0;
+  std::string training_toml;
+  bool operator==(const Welcome&) const = default;
+};
+struct Heartbeat {
+  std::uint64_t clock = 0;
+  float load = 0;
+  bool operator==(const Heartbeat&) const = default;
+};
+struct RoundStart {
+  std::uint64_t round = 0;
+  std::uint64_t deadline_ms = 0;
+  std::uint32_t local_epochs = 0;
+  std::uint32_t local_steps = 0;
+  float learning_rate = 0;
+  std::uint64_t model_version = 0;
+  bool evaluate_only = false;
+  bool operator==(const RoundStart&) const = default;
+};
+struct Pull {
+  std::uint32_t shard = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t min_version = 0;
+  bool operator==(const Pull&) const = default;
+};
+struct PullReply {
+  std::uint32_t shard = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t version = 0;
+  Encoding encoding = Encoding::kDenseF32;
+  bool operator==(const PullReply&) const = default;
+};
+struct Push {
+  std::uint32_t shard = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t num_samples = 0;
+  std::uint64_t base_version = 0;
+  Encoding encoding = Encoding::kDenseF32;
+  PushKind kind = PushKind::kDelta;
+  float train_loss = 0;
+  std::uint64_t clock = 0;
+  std::uint64_t elements = 0;
+  bool operator==(const Push&) const = default;
+};
+struct PushAck {
+  bool accepted = false;
+  std::string reason;
+  std::uint64_t version = 0;
+  bool operator==(const PushAck&) const = default;
+};
+struct ChunkHeader {
+  std::uint64_t transfer_id = 0;
+  std::uint32_t index = 0;
+  std::uint32_t count = 0;
+  std::uint64_t offset = 0;
+  bool operator==(const ChunkHeader&) const = default;
+};
+struct ErrorBody {
+  ErrorCode code = ErrorCode::kMalformed;
+  std::string message;
+  std::uint64_t ref_seq = 0;
+  bool operator==(const ErrorBody&) const = default;
+};
+struct GossipExchange {
+  std::uint64_t step = 0;
+  std::uint32_t from_rank = 0;
+  double weight = 0;
+  Encoding encoding = Encoding::kDenseF32;
+  std::uint64_t elements = 0;
+  bool operator==(const GossipExchange&) const = default;
+};
+struct AllreduceChunk {
+  std::uint64_t op_id = 0;
+  std::uint32_t step = 0;
+  std::uint8_t phase = 0;
+  std::uint32_t segment = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t elements = 0;
+  bool operator==(const AllreduceChunk&) const = default;
+};
+struct Bye {
+  std::string reason;
+  bool operator==(const Bye&) const = default;
+};
+
+using Body = std::variant<Register, Welcome, Heartbeat, RoundStart, Pull, PullReply, Push, PushAck,
+                          ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye>;
+
+// The name of a body's type as the schema spells it ("push", "pullReply", ...), for logs.
+std::string_view body_name(const Body& body);
+
+struct Envelope {
+  std::uint16_t protocol_version = kProtocolVersion;
+  NodeId sender;
+  std::uint64_t seq = 0;
+  std::uint64_t round = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint32_t chunk_bytes = 0;
+  Body body;
+  bool operator==(const Envelope&) const = default;
+};
+
+// Encodes to a flat Cap'n Proto message (word-aligned bytes).
+std::vector<std::byte> encode(const Envelope& envelope);
+// Decodes and validates: traversal limit kMaxEnvelopeBytes, nesting limit 8, a known body, a
+// matching protocol version, a valid sender id, text and list lengths within bounds.
+// Throws ProtocolError naming what was wrong.
+Envelope decode(std::span<const std::byte> bytes);
+
+}  // namespace cohort::transport

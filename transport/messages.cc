@@ -1,0 +1,309 @@
+#include "cohort/transport/messages.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include "cohort/core/error.h"
+#include "schema/cohort.capnp.h"
+
+namespace cohort::transport {
+namespace {
+
+constexpr std::size_t kMaxTextBytes = 16 * 1024;
+constexpr std::size_t kMaxShards = 4096;
+
+std::string text(capnp::Text::Reader t, const char* field) {
+  if (t.size() > kMaxTextBytes) {
+    throw ProtocolError(std::string("field '") + field + "' is " + std::to_string(t.size()) +
+                        " bytes long (limit " + std::to_string(kMaxTextBytes) + ")");
+  }
+  return std::string(t.cStr(), t.size());
+}
+
+template <typename E>
+E checked_enum(std::uint16_t raw, std::uint16_t count, const char* field) {
+  if (raw >= count) {
+    throw ProtocolError(std::string("field '") + field + "' has unknown value " +
+                        std::to_string(raw));
+  }
+  return static_cast<E>(raw);
+}
+
+Encoding enc(wire::Encoding e) {
+  return checked_enum<Encoding>(static_cast<std::uint16_t>(e), 9, "encoding");
+}
+wire::Encoding enc(Encoding e) { return static_cast<wire::Encoding>(e); }
+
+struct Writer {
+  wire::Envelope::Body::Builder b;
+  void operator()(const Register& m) {
+    auto r = b.initRegister();
+    r.setRole(static_cast<wire::Role>(m.role));
+    r.setDatasetSize(m.dataset_size);
+    r.setDevice(m.device);
+    r.setListenUrl(m.listen_url);
+    r.setResumeToken(m.resume_token);
+  }
+  void operator()(const Welcome& m) {
+    auto w = b.initWelcome();
+    w.setClientIndex(m.client_index);
+    w.setModelSize(m.model_size);
+    w.setModelSpec(m.model_spec);
+    w.setCurrentRound(m.current_round);
+    w.setHeartbeatMs(m.heartbeat_ms);
+    w.setTrainingToml(m.training_toml);
+    auto list = w.initShards(static_cast<unsigned>(m.shards.size()));
+    for (unsigned i = 0; i < m.shards.size(); ++i) {
+      const auto& s = m.shards[i];
+      list[i].setIndex(s.index);
+      list[i].setUrl(s.url);
+      list[i].setNodeId(s.node_id);
+      list[i].setBegin(s.begin);
+      list[i].setEnd(s.end);
+    }
+  }
+  void operator()(const Heartbeat& m) {
+    auto h = b.initHeartbeat();
+    h.setClock(m.clock);
+    h.setLoad(m.load);
+  }
+  void operator()(const RoundStart& m) {
+    auto r = b.initRoundStart();
+    r.setRound(m.round);
+    r.setDeadlineMs(m.deadline_ms);
+    r.setLocalEpochs(m.local_epochs);
+    r.setLocalSteps(m.local_steps);
+    r.setLearningRate(m.learning_rate);
+    r.setModelVersion(m.model_version);
+    r.setEvaluateOnly(m.evaluate_only);
+  }
+  void operator()(const Pull& m) {
+    auto p = b.initPull();
+    p.setShard(m.shard);
+    p.setBegin(m.begin);
+    p.setEnd(m.end);
+    p.setMinVersion(m.min_version);
+  }
+  void operator()(const PullReply& m) {
+    auto p = b.initPullReply();
+    p.setShard(m.shard);
+    p.setBegin(m.begin);
+    p.setEnd(m.end);
+    p.setVersion(m.version);
+    p.setEncoding(enc(m.encoding));
+  }
+  void operator()(const Push& m) {
+    auto p = b.initPush();
+    p.setShard(m.shard);
+    p.setBegin(m.begin);
+    p.setEnd(m.end);
+    p.setNumSamples(m.num_samples);
+    p.setBaseVersion(m.base_version);
+    p.setEncoding(enc(m.encoding));
+    p.setKind(static_cast<wire::PushKind>(m.kind));
+    p.setTrainLoss(m.train_loss);
+    p.setClock(m.clock);
+    p.setElements(m.elements);
+  }
+  void operator()(const PushAck& m) {
+    auto a = b.initPushAck();
+    a.setAccepted(m.accepted);
+    a.setReason(m.reason);
+    a.setVersion(m.version);
+  }
+  void operator()(const ChunkHeader& m) {
+    auto c = b.initChunk();
+    c.setTransferId(m.transfer_id);
+    c.setIndex(m.index);
+    c.setCount(m.count);
+    c.setOffset(m.offset);
+  }
+  void operator()(const ErrorBody& m) {
+    auto e = b.initError();
+    e.setCode(static_cast<wire::ErrorCode>(m.code));
+    e.setMessage(m.message);
+    e.setRefSeq(m.ref_seq);
+  }
+  void operator()(const GossipExchange& m) {
+    auto g = b.initGossip();
+    g.setStep(m.step);
+    g.setFromRank(m.from_rank);
+    g.setWeight(m.weight);
+    g.setEncoding(enc(m.encoding));
+    g.setElements(m.elements);
+  }
+  void operator()(const AllreduceChunk& m) {
+    auto a = b.initAllreduce();
+    a.setOpId(m.op_id);
+    a.setStep(m.step);
+    a.setPhase(m.phase);
+    a.setSegment(m.segment);
+    a.setOffset(m.offset);
+    a.setElements(m.elements);
+  }
+  void operator()(const Bye& m) { b.initBye().setReason(m.reason); }
+};
+
+Body read_body(wire::Envelope::Body::Reader b) {
+  switch (b.which()) {
+    case wire::Envelope::Body::REGISTER: {
+      auto r = b.getRegister();
+      return Register{checked_enum<Role>(static_cast<std::uint16_t>(r.getRole()), 4, "role"),
+                      r.getDatasetSize(), text(r.getDevice(), "device"),
+                      text(r.getListenUrl(), "listenUrl"), r.getResumeToken()};
+    }
+    case wire::Envelope::Body::WELCOME: {
+      auto w = b.getWelcome();
+      Welcome out{w.getClientIndex(), w.getModelSize(), text(w.getModelSpec(), "modelSpec"), {},
+                  w.getCurrentRound(), w.getHeartbeatMs(), text(w.getTrainingToml(), "trainingToml")};
+      auto shards = w.getShards();
+      if (shards.size() > kMaxShards) {
+        throw ProtocolError("welcome lists " + std::to_string(shards.size()) + " shards (limit " +
+                            std::to_string(kMaxShards) + ")");
+      }
+      for (auto s : shards) {
+        if (s.getBegin() > s.getEnd()) throw ProtocolError("welcome: shard range begins after it ends");
+        out.shards.push_back({s.getIndex(), text(s.getUrl(), "url"), text(s.getNodeId(), "nodeId"),
+                              s.getBegin(), s.getEnd()});
+      }
+      return out;
+    }
+    case wire::Envelope::Body::HEARTBEAT: {
+      auto h = b.getHeartbeat();
+      return Heartbeat{h.getClock(), h.getLoad()};
+    }
+    case wire::Envelope::Body::ROUND_START: {
+      auto r = b.getRoundStart();
+      return RoundStart{r.getRound(), r.getDeadlineMs(), r.getLocalEpochs(), r.getLocalSteps(),
+                        r.getLearningRate(), r.getModelVersion(), r.getEvaluateOnly()};
+    }
+    case wire::Envelope::Body::PULL: {
+      auto p = b.getPull();
+      if (p.getBegin() > p.getEnd()) throw ProtocolError("pull: range begins after it ends");
+      return Pull{p.getShard(), p.getBegin(), p.getEnd(), p.getMinVersion()};
+    }
+    case wire::Envelope::Body::PULL_REPLY: {
+      auto p = b.getPullReply();
+      if (p.getBegin() > p.getEnd()) throw ProtocolError("pullReply: range begins after it ends");
+      return PullReply{p.getShard(), p.getBegin(), p.getEnd(), p.getVersion(), enc(p.getEncoding())};
+    }
+    case wire::Envelope::Body::PUSH: {
+      auto p = b.getPush();
+      if (p.getBegin() > p.getEnd()) throw ProtocolError("push: range begins after it ends");
+      return Push{p.getShard(),
+                  p.getBegin(),
+                  p.getEnd(),
+                  p.getNumSamples(),
+                  p.getBaseVersion(),
+                  enc(p.getEncoding()),
+                  checked_enum<PushKind>(static_cast<std::uint16_t>(p.getKind()), 2, "kind"),
+                  p.getTrainLoss(),
+                  p.getClock(),
+                  p.getElements()};
+    }
+    case wire::Envelope::Body::PUSH_ACK: {
+      auto a = b.getPushAck();
+      return PushAck{a.getAccepted(), text(a.getReason(), "reason"), a.getVersion()};
+    }
+    case wire::Envelope::Body::CHUNK: {
+      auto c = b.getChunk();
+      return ChunkHeader{c.getTransferId(), c.getIndex(), c.getCount(), c.getOffset()};
+    }
+    case wire::Envelope::Body::ERROR: {
+      auto e = b.getError();
+      return ErrorBody{checked_enum<ErrorCode>(static_cast<std::uint16_t>(e.getCode()), 9, "code"),
+                       text(e.getMessage(), "message"), e.getRefSeq()};
+    }
+    case wire::Envelope::Body::GOSSIP: {
+      auto g = b.getGossip();
+      return GossipExchange{g.getStep(), g.getFromRank(), g.getWeight(), enc(g.getEncoding()),
+                            g.getElements()};
+    }
+    case wire::Envelope::Body::ALLREDUCE: {
+      auto a = b.getAllreduce();
+      return AllreduceChunk{a.getOpId(), a.getStep(),   a.getPhase(),
+                            a.getSegment(), a.getOffset(), a.getElements()};
+    }
+    case wire::Envelope::Body::BYE:
+      return Bye{text(b.getBye().getReason(), "reason")};
+  }
+  throw ProtocolError("envelope has an unknown body (newer protocol?)");
+}
+
+}  // namespace
+
+std::string_view body_name(const Body& body) {
+  static constexpr std::string_view kNames[] = {
+      "register", "welcome", "heartbeat", "roundStart", "pull",      "pullReply", "push",
+      "pushAck",  "chunk",   "error",     "gossip",     "allreduce", "bye"};
+  return kNames[body.index()];
+}
+
+std::vector<std::byte> encode(const Envelope& envelope) {
+  capnp::MallocMessageBuilder builder(256);
+  auto e = builder.initRoot<wire::Envelope>();
+  e.setProtocolVersion(envelope.protocol_version);
+  e.setSender(envelope.sender);
+  e.setSeq(envelope.seq);
+  e.setRound(envelope.round);
+  e.setPayloadBytes(envelope.payload_bytes);
+  e.setChunkBytes(envelope.chunk_bytes);
+  std::visit(Writer{e.initBody()}, envelope.body);
+  auto words = capnp::messageToFlatArray(builder);
+  auto bytes = words.asBytes();
+  std::vector<std::byte> out(bytes.size());
+  std::memcpy(out.data(), bytes.begin(), bytes.size());
+  return out;
+}
+
+Envelope decode(std::span<const std::byte> bytes) {
+  if (bytes.size() > kMaxEnvelopeBytes) {
+    throw ProtocolError("envelope of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +
+                        std::to_string(kMaxEnvelopeBytes));
+  }
+  if (bytes.empty() || bytes.size() % sizeof(capnp::word) != 0) {
+    throw ProtocolError("envelope of " + std::to_string(bytes.size()) +
+                        " bytes is not a whole number of 8-byte words");
+  }
+  // Cap'n Proto reads words in place; copy when ZeroMQ handed us unaligned bytes.
+  std::vector<capnp::word> aligned;
+  const capnp::word* words = reinterpret_cast<const capnp::word*>(bytes.data());
+  if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) != 0) {
+    aligned.resize(bytes.size() / sizeof(capnp::word));
+    std::memcpy(aligned.data(), bytes.data(), bytes.size());
+    words = aligned.data();
+  }
+  try {
+    capnp::ReaderOptions options;
+    options.traversalLimitInWords = kMaxEnvelopeBytes / sizeof(capnp::word);
+    options.nestingLimit = 8;
+    capnp::FlatArrayMessageReader reader(
+        kj::ArrayPtr<const capnp::word>(words, bytes.size() / sizeof(capnp::word)), options);
+    auto e = reader.getRoot<wire::Envelope>();
+    Envelope out;
+    out.protocol_version = e.getProtocolVersion();
+    if (out.protocol_version != kProtocolVersion) {
+      throw ProtocolError("protocol version " + std::to_string(out.protocol_version) +
+                          " is not supported (this build speaks " +
+                          std::to_string(kProtocolVersion) + ")");
+    }
+    out.sender = text(e.getSender(), "sender");
+    if (!is_valid_node_id(out.sender)) throw ProtocolError("envelope sender is not a valid node id");
+    out.seq = e.getSeq();
+    out.round = e.getRound();
+    out.payload_bytes = e.getPayloadBytes();
+    out.chunk_bytes = e.getChunkBytes();
+    if (out.payload_bytes > 0 && out.chunk_bytes == 0) {
+      throw ProtocolError("envelope announces a payload but no chunk size");
+    }
+    out.body = read_body(e.getBody());
+    return out;
+  } catch (const kj::Exception& e) {
+    throw ProtocolError("malformed envelope: " + std::string(e.getDescription().cStr()));
+  }
+}
+
+}  // namespace cohort::transport

@@ -1,0 +1,127 @@
+#include "cohort/transport/messages.h"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <random>
+
+#include "cohort/core/error.h"
+
+using namespace cohort::transport;
+
+namespace {
+
+Envelope wrap(Body body) {
+  Envelope e;
+  e.sender = "client-7";
+  e.seq = 42;
+  e.round = 9;
+  e.payload_bytes = 3 << 20;
+  e.chunk_bytes = 1 << 20;
+  e.body = std::move(body);
+  return e;
+}
+
+std::vector<Body> every_body() {
+  return {
+      Register{Role::kClient, 6000, "cuda:0", "tcp://10.0.0.1:5000", 77},
+      Welcome{3, 235146, "mlp:784-256-128-10",
+              {{0, "tcp://a:1", "shard-0", 0, 117573}, {1, "tcp://b:2", "shard-1", 117573, 235146}},
+              5, 1000, "epochs = 1\n"},
+      Heartbeat{12, 0.5f},
+      RoundStart{4, 30000, 1, 0, 0.05f, 4, true},
+      Pull{1, 10, 20, 3},
+      PullReply{1, 10, 20, 4, Encoding::kDenseBf16},
+      Push{1, 10, 20, 600, 4, Encoding::kTopK, PushKind::kGradient, 0.25f, 17, 10},
+      PushAck{false, "late", 5},
+      ChunkHeader{41, 2, 3, 2 << 20},
+      ErrorBody{ErrorCode::kBadRange, "range out of shard", 40},
+      GossipExchange{8, 3, 0.25, Encoding::kSign, 1000},
+      AllreduceChunk{5, 2, 1, 3, 4096, 1024},
+      Bye{"done"},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("every message body round-trips through encode and decode") {
+  const auto bodies = every_body();
+  CHECK(bodies.size() == std::variant_size_v<Body>);
+  for (const auto& body : bodies) {
+    CAPTURE(body_name(body));
+    const Envelope e = wrap(body);
+    const auto bytes = encode(e);
+    CHECK(bytes.size() % 8 == 0);
+    CHECK(decode(bytes) == e);
+  }
+}
+
+TEST_CASE("decode works on unaligned input") {
+  const auto bytes = encode(wrap(Heartbeat{1, 2}));
+  std::vector<std::byte> shifted(bytes.size() + 1);
+  std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+  CHECK(decode(std::span(shifted).subspan(1)) == wrap(Heartbeat{1, 2}));
+}
+
+TEST_CASE("malformed envelopes are ProtocolErrors, never crashes") {
+  std::mt19937_64 rng(7);
+  SUBCASE("random bytes") {
+    for (int i = 0; i < 2000; ++i) {
+      std::vector<std::byte> junk(8 * (1 + rng() % 64));
+      for (auto& b : junk) b = static_cast<std::byte>(rng());
+      try {
+        (void)decode(junk);
+      } catch (const cohort::ProtocolError&) {
+      }
+    }
+  }
+  SUBCASE("every truncation of a valid message") {
+    const auto bytes = encode(wrap(every_body()[1]));
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      CAPTURE(n);
+      CHECK_THROWS_AS((void)decode(std::span(bytes).first(n)), cohort::ProtocolError);
+    }
+  }
+  SUBCASE("bit flips of a valid message") {
+    const auto bytes = encode(wrap(every_body()[1]));
+    for (std::size_t bit = 0; bit < bytes.size() * 8; ++bit) {
+      auto copy = bytes;
+      copy[bit / 8] ^= static_cast<std::byte>(1u << (bit % 8));
+      try {
+        (void)decode(copy);
+      } catch (const cohort::ProtocolError&) {
+      }
+    }
+  }
+  SUBCASE("oversize") {
+    std::vector<std::byte> big(kMaxEnvelopeBytes + 8);
+    CHECK_THROWS_WITH_AS((void)decode(big), doctest::Contains("exceeds"), cohort::ProtocolError);
+  }
+  SUBCASE("absurd list length and deep pointers") {
+    // A segment table claiming one segment of 2^31 words, then a root pointer far out of bounds.
+    std::vector<std::byte> msg(64);
+    const std::uint32_t header[2] = {0, 0x7fffffff};
+    std::memcpy(msg.data(), header, sizeof header);
+    CHECK_THROWS_AS((void)decode(msg), cohort::ProtocolError);
+    // Root struct pointer whose list field claims 2^29 elements.
+    auto valid = encode(wrap(every_body()[1]));
+    for (std::size_t off = 8; off + 8 <= valid.size(); off += 8) {
+      auto copy = valid;
+      const std::uint64_t list_ptr = 0x1 | (std::uint64_t{5} << 32) | (std::uint64_t{0x1fffffff} << 35);
+      std::memcpy(copy.data() + off, &list_ptr, 8);
+      try {
+        (void)decode(copy);
+      } catch (const cohort::ProtocolError&) {
+      }
+    }
+  }
+  SUBCASE("wrong protocol version and bad sender") {
+    auto e = wrap(Heartbeat{});
+    e.protocol_version = 99;
+    CHECK_THROWS_WITH_AS((void)decode(encode(e)), doctest::Contains("protocol version"),
+                         cohort::ProtocolError);
+    e = wrap(Heartbeat{});
+    e.sender = "bad id with spaces";
+    CHECK_THROWS_AS((void)decode(encode(e)), cohort::ProtocolError);
+  }
+}

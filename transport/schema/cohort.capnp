@@ -1,0 +1,203 @@
+# The Cohort wire protocol. This schema is the only definition of the wire.
+#
+# Every ZeroMQ message carries one Envelope (this schema, a flat Cap'n Proto message) and, when the
+# envelope announces payload bytes, one bulk frame beside it: tensor bytes never pass through a
+# Cap'n Proto builder. A payload larger than `chunkBytes` travels as a head message (the envelope
+# with the real body, plus the first chunk) followed by ChunkHeader messages, each with the next
+# chunk in its bulk frame, so that receiving, decrypting and aggregating overlap.
+#
+# Compatibility: fields are only ever added (never renumbered or retyped); a peer with another
+# protocolVersion is refused with Error(versionMismatch).
+
+@0xc8e7a4f1d2b3a596;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("cohort::wire");
+
+const protocolVersion :UInt16 = 1;
+
+struct Envelope {
+  protocolVersion @0 :UInt16;
+  sender @1 :Text;          # node id of the sender; must equal its certificate's CN under TLS
+  seq @2 :UInt64;           # per-sender sequence number, strictly increasing
+  round @3 :UInt64;         # federated round (or data-parallel clock) this message belongs to
+  payloadBytes @4 :UInt64;  # total bytes of the bulk payload of this logical message (0: none)
+  chunkBytes @5 :UInt32;    # chunk size the payload is cut into (0 when payloadBytes is 0)
+
+  body :union {
+    register @6 :Register;
+    welcome @7 :Welcome;
+    heartbeat @8 :Heartbeat;
+    roundStart @9 :RoundStart;
+    pull @10 :Pull;
+    pullReply @11 :PullReply;
+    push @12 :Push;
+    pushAck @13 :PushAck;
+    chunk @14 :ChunkHeader;
+    error @15 :Error;
+    gossip @16 :GossipExchange;
+    allreduce @17 :AllreduceChunk;
+    bye @18 :Bye;
+  }
+}
+
+# What a node is in a federation.
+enum Role {
+  client @0;    # trains on local data, pushes updates
+  shard @1;     # parameter-server shard (shard 0 also coordinates)
+  peer @2;      # decentralized peer
+  observer @3;  # tools and monitors: may pull, never push
+}
+
+# How the bulk payload of a Pull reply, Push or gossip message is encoded.
+enum Encoding {
+  denseF32 @0;  # little-endian float32, one per coordinate
+  denseF16 @1;
+  denseBf16 @2;
+  int8 @3;      # per-chunk scale + int8 values
+  qsgd @4;      # norm + packed signs and levels
+  topK @5;      # uint32 indices + float32 values
+  randomK @6;   # seed + float32 values
+  sign @7;      # scale + packed sign bits
+  powerSgd @8;  # low-rank factors P and Q
+}
+
+# Client -> coordinator: join the federation.
+struct Register {
+  role @0 :Role;
+  datasetSize @1 :UInt64;   # local training samples (weights FedAvg and weighted selection)
+  device @2 :Text;          # "cpu" or "cuda:0"
+  listenUrl @3 :Text;       # decentralized peers: where neighbours reach this node
+  resumeToken @4 :UInt64;   # non-zero when re-registering after a reconnect
+}
+
+# Where one shard lives and which range of the flat parameter vector it owns.
+struct ShardInfo {
+  index @0 :UInt32;
+  url @1 :Text;
+  nodeId @2 :Text;
+  begin @3 :UInt64;         # first coordinate owned (inclusive)
+  end @4 :UInt64;           # one past the last coordinate owned
+}
+
+# Coordinator -> client: accepted; how the model is laid out and where its shards are.
+struct Welcome {
+  clientIndex @0 :UInt32;
+  modelSize @1 :UInt64;     # coordinates in the flat parameter vector
+  modelSpec @2 :Text;       # e.g. "mlp:784-256-128-10"
+  shards @3 :List(ShardInfo);
+  currentRound @4 :UInt64;
+  heartbeatMs @5 :UInt32;   # how often the client must send a Heartbeat
+  trainingToml @6 :Text;    # client-side training options (epochs, batch, optimizer) as TOML
+}
+
+# Liveness, both ways. `clock` is the sender's data-parallel step (SSP bookkeeping).
+struct Heartbeat {
+  clock @0 :UInt64;
+  load @1 :Float32;
+}
+
+# Coordinator -> selected client: train for this round and push before the deadline.
+struct RoundStart {
+  round @0 :UInt64;
+  deadlineMs @1 :UInt64;    # milliseconds from receipt until the round closes
+  localEpochs @2 :UInt32;
+  localSteps @3 :UInt32;    # if non-zero, overrides localEpochs
+  learningRate @4 :Float32;
+  modelVersion @5 :UInt64;  # pull at least this version
+  evaluateOnly @6 :Bool;    # evaluate the current model, do not train
+}
+
+# Client -> shard: send me parameters [begin, end) at version >= minVersion.
+struct Pull {
+  shard @0 :UInt32;
+  begin @1 :UInt64;
+  end @2 :UInt64;
+  minVersion @3 :UInt64;
+}
+
+# Shard -> client: the requested range in the bulk payload.
+struct PullReply {
+  shard @0 :UInt32;
+  begin @1 :UInt64;
+  end @2 :UInt64;
+  version @3 :UInt64;
+  encoding @4 :Encoding;
+}
+
+enum PushKind {
+  delta @0;      # federated: x_k - x_t after local training
+  gradient @1;   # data-parallel: one step's gradient
+}
+
+# Client -> shard: an update for [begin, end) in the bulk payload.
+struct Push {
+  shard @0 :UInt32;
+  begin @1 :UInt64;
+  end @2 :UInt64;
+  numSamples @3 :UInt64;    # FedAvg weight
+  baseVersion @4 :UInt64;   # model version the update was computed from (staleness)
+  encoding @5 :Encoding;
+  kind @6 :PushKind;
+  trainLoss @7 :Float32;
+  clock @8 :UInt64;         # data-parallel step of the client
+  elements @9 :UInt64;      # coordinates after decoding (end - begin for dense)
+}
+
+# Shard -> client: what became of a Push.
+struct PushAck {
+  accepted @0 :Bool;
+  reason @1 :Text;          # why it was refused (late, duplicate, wrong round, non-finite, ...)
+  version @2 :UInt64;       # shard's model version after the push
+}
+
+# One further chunk of the payload announced by an earlier head message from the same sender.
+struct ChunkHeader {
+  transferId @0 :UInt64;    # the seq of the head message
+  index @1 :UInt32;         # 1-based: the head message carries chunk 0
+  count @2 :UInt32;         # total chunks of the transfer, including chunk 0
+  offset @3 :UInt64;        # byte offset of this chunk in the payload
+}
+
+enum ErrorCode {
+  malformed @0;
+  versionMismatch @1;
+  unauthorized @2;
+  unknownNode @3;
+  badRange @4;
+  tooLarge @5;
+  lateOrStale @6;
+  internal @7;
+  shuttingDown @8;
+}
+
+# A refusal, with a human-readable reason. `refSeq` names the message it answers.
+struct Error {
+  code @0 :ErrorCode;
+  message @1 :Text;
+  refSeq @2 :UInt64;
+}
+
+# Decentralized: a neighbour's (possibly compressed) model or difference for one gossip step.
+struct GossipExchange {
+  step @0 :UInt64;
+  fromRank @1 :UInt32;
+  weight @2 :Float64;       # push-sum weight or mixing weight
+  encoding @3 :Encoding;
+  elements @4 :UInt64;
+}
+
+# Decentralized: one segment of an AllReduce (reduce-scatter or all-gather phase).
+struct AllreduceChunk {
+  opId @0 :UInt64;
+  step @1 :UInt32;
+  phase @2 :UInt8;          # 0 reduce-scatter, 1 all-gather, 2 tree/recursive doubling
+  segment @3 :UInt32;
+  offset @4 :UInt64;        # first element of the segment
+  elements @5 :UInt64;
+}
+
+# Orderly leave.
+struct Bye {
+  reason @0 :Text;
+}

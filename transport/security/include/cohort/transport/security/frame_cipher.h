@@ -1,0 +1,47 @@
+// AES-256-GCM sealing of transport frames with keys from a TLS handshake (tls.h).
+//
+// Nonce (96 bit) = 32-bit big-endian frame_index || 64-bit big-endian counter, so one key never
+// sees a repeated nonce as long as the sender never reuses a (counter, frame_index) pair; each
+// direction has its own key (SessionKeys), so the two sides' counters never collide.
+// Sealed layout: ciphertext (same length as the plaintext) || 16-byte tag.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace cohort::transport::security {
+
+// Holds one 256-bit key (wiped on destruction). Thread-safe: seal() and open() are const and use
+// per-thread OpenSSL contexts, so a thread pool may seal or open many chunks of one message at
+// once. Copying copies the key.
+class FrameCipher {
+ public:
+  static constexpr std::size_t kTagBytes = 16;
+  static constexpr std::size_t kKeyBytes = 32;
+
+  explicit FrameCipher(const std::array<std::byte, kKeyBytes>& key);
+  ~FrameCipher();
+  FrameCipher(const FrameCipher&) = default;
+  FrameCipher& operator=(const FrameCipher&) = default;
+
+  // Encrypts `plaintext` and authenticates it together with `aad` (not encrypted, not sent).
+  // REQUIRES: out.size() == plaintext.size() + kTagBytes; out does not overlap plaintext or aad
+  // (else InternalError). Throws TransportError only if OpenSSL itself fails.
+  void seal(std::uint64_t counter, std::uint32_t frame_index, std::span<const std::byte> aad,
+            std::span<const std::byte> plaintext, std::span<std::byte> out) const;
+
+  // Verifies and decrypts. Returns false, never throws, when authentication fails (tampered
+  // ciphertext, tag or aad, wrong key, counter or frame_index) or when `sealed` is shorter than a
+  // tag; `out` is then zeroed. REQUIRES: out.size() + kTagBytes == sealed.size() when
+  // sealed.size() >= kTagBytes, and no overlap (else InternalError: a caller bug, not bad input).
+  [[nodiscard]] bool open(std::uint64_t counter, std::uint32_t frame_index,
+                          std::span<const std::byte> aad, std::span<const std::byte> sealed,
+                          std::span<std::byte> out) const;
+
+ private:
+  std::array<unsigned char, kKeyBytes> key_;
+};
+
+}  // namespace cohort::transport::security
