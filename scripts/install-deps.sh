@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config git
+  build-essential cmake ninja-build pkg-config git
   libzmq3-dev cppzmq-dev
   capnproto libcapnp-dev
   libssl-dev openssl
