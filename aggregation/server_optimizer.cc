@@ -1,0 +1,77 @@
+#include "cohort/aggregation/server_optimizer.h"
+
+#include "cohort/core/error.h"
+
+namespace cohort::aggregation {
+namespace {
+
+// sgd: x += lr * Delta (lr = 1 is plain FedAvg); data-parallel: x -= lr * g.
+class ServerSgd final : public ServerOptimizer {
+ public:
+  explicit ServerSgd(double lr) : lr_(static_cast<float>(lr)) {}
+  void reset(std::size_t) override {}
+  void apply_delta(std::span<float> params, std::span<const float> delta) override {
+    COHORT_CHECK(params.size() == delta.size());
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] += lr_ * delta[i];
+  }
+  void apply_gradient(std::span<float> params, std::span<const float> gradient) override {
+    COHORT_CHECK(params.size() == gradient.size());
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= lr_ * gradient[i];
+  }
+  std::vector<std::pair<std::string, std::span<float>>> state() override { return {}; }
+
+ private:
+  float lr_;
+};
+
+// fedavgm (ALGORITHMS.md 1.2): v = beta * v + Delta; x += lr * v.
+class ServerMomentum final : public ServerOptimizer {
+ public:
+  ServerMomentum(double lr, double beta) : lr_(static_cast<float>(lr)), beta_(static_cast<float>(beta)) {}
+  void reset(std::size_t size) override { v_ = FloatBuffer(size); }
+  void apply_delta(std::span<float> params, std::span<const float> delta) override {
+    COHORT_CHECK(params.size() == delta.size() && delta.size() == v_.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      v_[i] = beta_ * v_[i] + delta[i];
+      params[i] += lr_ * v_[i];
+    }
+  }
+  void apply_gradient(std::span<float> params, std::span<const float> gradient) override {
+    COHORT_CHECK(params.size() == gradient.size() && gradient.size() == v_.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      v_[i] = beta_ * v_[i] + gradient[i];
+      params[i] -= lr_ * v_[i];
+    }
+  }
+  std::vector<std::pair<std::string, std::span<float>>> state() override {
+    return {{"momentum", v_.span()}};
+  }
+
+ private:
+  float lr_, beta_;
+  FloatBuffer v_;
+};
+
+}  // namespace
+
+void add_builtin_server_optimizers(ServerOptimizerRegistry& registry) {
+  registry.add("sgd", [](const ConfigSection& o) {
+    const std::string_view known[] = {"name", "lr"};
+    o.require_known(known);
+    const double lr = o.get_double("lr", 1.0);
+    if (!(lr > 0)) throw ConfigError("server_optimizer.lr must be positive");
+    return std::make_unique<ServerSgd>(lr);
+  });
+  registry.add("fedavgm", [](const ConfigSection& o) {
+    const std::string_view known[] = {"name", "lr", "beta"};
+    o.require_known(known);
+    const double lr = o.get_double("lr", 1.0);
+    const double beta = o.get_double("beta", 0.9);
+    if (!(lr > 0) || beta < 0 || beta >= 1) {
+      throw ConfigError("server_optimizer: fedavgm needs lr > 0 and 0 <= beta < 1");
+    }
+    return std::make_unique<ServerMomentum>(lr, beta);
+  });
+}
+
+}  // namespace cohort::aggregation

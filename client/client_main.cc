@@ -1,0 +1,54 @@
+// cohort-client: a federated client that trains on its own data partition.
+#include <csignal>
+#include <cstdio>
+
+#include "cohort/client/participant.h"
+#include "cohort/core/cli.h"
+#include "cohort/core/error.h"
+
+namespace {
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  const cohort::ConfigSchema schema = cohort::client::participant_config_schema();
+  CLI::App app{"cohort-client: joins a Cohort federation, trains on its partition of\n"
+               "Fashion-MNIST each round it is selected for, and pushes its update to every shard."};
+  cohort::ConfigFlags flags;
+  std::string server, data, part, device, name;
+  bool insecure = false;
+  app.add_option("--server", server, "url of the coordinator, e.g. tcp://host:7000 (client.server)");
+  app.add_option("--data", data, "partition spec: iid, dirichlet:0.5, shards:2, quantity:0.5 (data.partition)");
+  app.add_option("--part", part, "which part of the partition: I/N (data.part)");
+  app.add_option("--device", device, "cpu or cuda:0 (client.device)");
+  app.add_option("--name", name, "node id, the certificate's CN (client.name)");
+  app.add_flag("--insecure", insecure, "plaintext transport (tls.insecure)");
+  cohort::add_config_flags(app, flags, schema);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    auto add = [&](const char* key, const std::string& v) {
+      if (!v.empty()) flags.overrides.push_back(std::string(key) + "=" + v);
+    };
+    add("client.server", server);
+    add("data.partition", data);
+    add("data.part", part);
+    add("client.device", device);
+    add("client.name", name);
+    if (insecure) flags.overrides.push_back("tls.insecure=true");
+    cohort::Config config = cohort::finish_config(app, flags, schema);
+    if (flags.print_config) {
+      std::fputs(config.dump().c_str(), stdout);
+      return 0;
+    }
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGINT, on_signal);
+    return cohort::client::run_participant(config, g_stop);
+  } catch (const cohort::Error& e) {
+    std::fprintf(stderr, "cohort-client: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cohort-client: unexpected error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,40 @@
+// CSV datasets: one example per line, one integer class-label column and numeric feature columns.
+//
+// Every failure is a one-line DataError naming the file and line, e.g.
+//   "iris.csv:17: expected 5 columns, got 4" or "iris.csv:3: column 2: not a number: 'abc'".
+// Stateless and thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string_view>
+
+#include "cohort/client/dataset.h"
+
+namespace cohort::client {
+
+struct CsvOptions {
+  // Index of the label column; negative counts from the end (-1 is the last column).
+  int label_column = 0;
+  // Lines skipped at the top of the file (a header row is 1).
+  std::size_t skip_rows = 0;
+  char delimiter = ',';
+  // Every feature is multiplied by this (1/255 for pixel values stored as 0..255).
+  float scale = 1.0f;
+  // Per-example shape; default (D, 1, 1) with D taken from the first row. When set, its size must
+  // equal the number of feature columns.
+  Shape shape = {0, 0, 0};
+  // 0 means max label + 1.
+  std::size_t num_classes = 0;
+};
+
+// Loads the whole file. Blank lines are skipped; fields may be surrounded by spaces. Labels must be
+// non-negative integers. Throws DataError for a missing file, a ragged row, a non-numeric field or
+// a bad label, and for a file with no rows.
+Dataset load_csv_dataset(const std::filesystem::path& path, const CsvOptions& options = {});
+
+// The same, from text already in memory; `origin` names it in errors.
+Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
+                          const CsvOptions& options = {});
+
+}  // namespace cohort::client

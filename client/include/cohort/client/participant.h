@@ -1,0 +1,23 @@
+// A federated client: registers with the coordinator, and for every round it is selected for
+// pulls the model from all shards, trains locally, pushes its delta to every shard and reports.
+//
+// Reconnects on its own: the transport re-handshakes with a restarted peer, and requests that
+// time out (a shard restarting) are retried with exponential backoff until the round's deadline.
+// Not thread-safe: run() drives everything from the calling thread.
+#pragma once
+
+#include <atomic>
+
+#include "cohort/core/config.h"
+
+namespace cohort::client {
+
+// Every key cohort-client accepts, with defaults and help.
+ConfigSchema participant_config_schema();
+
+// Runs until the coordinator says training is finished (returns 0) or `stop` becomes true.
+// Throws ConfigError / DataError for bad configuration or data before joining, TransportError
+// if the coordinator cannot be reached within client.connect_timeout_ms.
+int run_participant(const Config& config, const std::atomic<bool>& stop);
+
+}  // namespace cohort::client

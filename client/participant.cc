@@ -1,0 +1,393 @@
+#include "cohort/client/participant.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "cohort/client/idx.h"
+#include "cohort/client/partition.h"
+#include "cohort/client/trainer.h"
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/device.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/endpoint.h"
+
+namespace cohort::client {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Endpoint;
+using transport::Envelope;
+using transport::Message;
+using Clock = std::chrono::steady_clock;
+
+transport::EndpointOptions endpoint_options(const Config& c, std::string expected_peer) {
+  transport::EndpointOptions o;
+  o.node_id = c.get_string("client.name");
+  o.security.insecure = c.get_bool("tls.insecure");
+  o.security.ca_file = c.get_string("tls.ca_file");
+  o.security.cert_file = c.get_string("tls.cert_file");
+  o.security.key_file = c.get_string("tls.key_file");
+  o.security.expected_peer = std::move(expected_peer);
+  o.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
+  return o;
+}
+
+// "I/N" -> (I, N).
+std::pair<std::size_t, std::size_t> parse_part(const std::string& text) {
+  const auto slash = text.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no slash");
+    const auto i = std::stoul(text.substr(0, slash));
+    const auto n = std::stoul(text.substr(slash + 1));
+    if (n == 0 || i >= n) throw std::invalid_argument("out of range");
+    return {i, n};
+  } catch (const std::exception&) {
+    throw ConfigError("data.part must look like I/N with 0 <= I < N, got '" + text + "'");
+  }
+}
+
+class Participant {
+ public:
+  Participant(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {}
+
+  int run() {
+    load_data();
+    ThreadPool pool(2);
+    pool_ = &pool;
+    auto o = endpoint_options(config_, "");
+    o.pool = pool_;
+    coordinator_.emplace(Endpoint::connect(ctx_, config_.get_string("client.server"), o));
+    join();
+    auto next_heartbeat = Clock::now();
+    while (!stop_.load()) {
+      if (coordinator_->stats().handshakes != coordinator_handshakes_) {
+        COHORT_LOG(Info) << "new session with the coordinator; registering again";
+        join();
+      }
+      std::optional<Message> m;
+      if (!deferred_.empty()) {
+        m = std::move(deferred_.front());
+        deferred_.pop_front();
+      } else {
+        m = coordinator_->receive(100ms);
+      }
+      if (m) {
+        if (auto* rs = std::get_if<transport::RoundStart>(&m->envelope.body)) {
+          run_round(*rs);
+        } else if (std::holds_alternative<transport::Bye>(m->envelope.body)) {
+          COHORT_LOG(Info) << name() << ": training finished";
+          return 0;
+        } else if (auto* e = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+          COHORT_LOG(Warn) << name() << ": coordinator: " << e->message;
+        }
+      }
+      if (Clock::now() >= next_heartbeat) {
+        Envelope hb;
+        hb.body = transport::Heartbeat{0, 0};
+        try {
+          coordinator_->send({}, std::move(hb));
+        } catch (const TransportError& e) {
+          COHORT_LOG(Debug) << "heartbeat not sent: " << e.what();
+        }
+        next_heartbeat = Clock::now() + heartbeat_;
+      }
+    }
+    return 0;
+  }
+
+ private:
+  const std::string& name() const { return config_.get_string("client.name"); }
+
+  void load_data() {
+    const auto [index, count] = parse_part(config_.get_string("data.part"));
+    auto data = load_fashion_mnist(config_.get_string("data.dir"));
+    train_ = std::move(data.train);
+    test_ = std::move(data.test);
+    const auto spec = parse_partition_spec(config_.get_string("data.partition"));
+    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
+    auto partition = make_partition(spec, train_.labels(), count, seed);
+    indices_ = std::move(partition[index]);
+    partition_text_ = spec.to_string() + " " + std::to_string(index) + "/" + std::to_string(count);
+    COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples (" << partition_text_
+                     << ")";
+  }
+
+  // Registers until welcomed; sets up the model and the shard connections.
+  void join() {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+    auto backoff = 200ms;
+    for (;;) {
+      if (stop_.load()) return;
+      if (Clock::now() > deadline) {
+        throw TransportError("no welcome from the coordinator at " + config_.get_string("client.server") +
+                             " within client.connect_timeout_ms");
+      }
+      try {
+        coordinator_->wait_ready(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+        coordinator_handshakes_ = coordinator_->stats().handshakes;
+        transport::Register r;
+        r.role = transport::Role::kClient;
+        r.dataset_size = indices_.size();
+        r.device = config_.get_string("client.device");
+        r.partition = partition_text_;
+        Envelope e;
+        e.body = r;
+        coordinator_->send({}, std::move(e));
+        const auto until = Clock::now() + 2s;
+        while (Clock::now() < until) {
+          auto m = coordinator_->receive(100ms);
+          if (!m) continue;
+          if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
+            on_welcome(*w);
+            return;
+          }
+          if (auto* err = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+            COHORT_LOG(Info) << name() << ": " << err->message;
+            break;
+          }
+          if (std::holds_alternative<transport::RoundStart>(m->envelope.body)) deferred_.push_back(std::move(*m));
+        }
+      } catch (const TimeoutError& e) {
+        COHORT_LOG(Info) << name() << ": coordinator not reachable yet: " << e.what();
+      }
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(config_.get_int("client.backoff_max_ms")));
+    }
+  }
+
+  void on_welcome(const transport::Welcome& w) {
+    heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(w.heartbeat_ms, 100));
+    if (!net_ || w.model_spec != model_spec_) {
+      model_spec_ = w.model_spec;
+      const auto spec = kernels::make_network_spec(w.model_spec);
+      if (spec.parameter_count() != w.model_size) {
+        throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
+                            " parameters, " + w.model_spec + " has " + std::to_string(spec.parameter_count()));
+      }
+      // Training options come from the server, so every client trains alike.
+      ConfigSchema schema;
+      schema.add_section("train", "");
+      Config train_cfg(schema);
+      train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
+      auto section = train_cfg.section("train");
+      options_ = trainer_options_from(section);
+      device_ = kernels::make_device(config_.get_string("client.device"),
+                                     {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
+      net_ = device_->make_network(spec);
+      net_->init(static_cast<std::uint64_t>(config_.get_int("data.seed")));
+      trainer_.emplace(*net_, options_);
+      global_ = FloatBuffer(spec.parameter_count());
+      delta_ = FloatBuffer(spec.parameter_count());
+    }
+    shards_ = w.shards;
+    shard_eps_.clear();
+    for (const auto& s : shards_) {
+      if (s.index == 0) {
+        shard_eps_.push_back(nullptr);  // the coordinator's own connection
+        continue;
+      }
+      auto o = endpoint_options(config_, s.node_id);
+      o.pool = pool_;
+      shard_eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, s.url, o)));
+    }
+    COHORT_LOG(Info) << name() << ": joined (" << w.model_spec << ", " << w.model_size
+                     << " parameters, " << shards_.size() << " shards)";
+  }
+
+  Endpoint& shard_ep(std::size_t i) { return shard_eps_[i] ? *shard_eps_[i] : *coordinator_; }
+
+  std::uint64_t bytes_sent() {
+    std::uint64_t b = coordinator_->stats().bytes_sent;
+    for (auto& e : shard_eps_) if (e) b += e->stats().bytes_sent;
+    return b;
+  }
+  std::uint64_t bytes_received() {
+    std::uint64_t b = coordinator_->stats().bytes_received;
+    for (auto& e : shard_eps_) if (e) b += e->stats().bytes_received;
+    return b;
+  }
+
+  // Sends `make(i)` to every shard and waits for each shard's answer that `accept` takes,
+  // resending to shards that stay silent (exponential backoff) until `deadline`.
+  template <typename Make, typename Accept>
+  bool exchange(Make make, Accept accept, Clock::time_point deadline) {
+    const std::size_t n = shards_.size();
+    std::vector<bool> done(n, false);
+    std::vector<Clock::time_point> resend(n);
+    std::vector<std::chrono::milliseconds> backoff(n, 3000ms);
+    auto send = [&](std::size_t i) {
+      try {
+        auto [env, payload] = make(i);
+        shard_ep(i).send({}, std::move(env), payload);
+      } catch (const TransportError& e) {
+        COHORT_LOG(Info) << name() << ": shard " << i << " unreachable: " << e.what();
+      }
+      resend[i] = Clock::now() + backoff[i];
+      backoff[i] = std::min(backoff[i] * 2, 20000ms);
+    };
+    for (std::size_t i = 0; i < n; ++i) send(i);
+    while (std::count(done.begin(), done.end(), false) > 0) {
+      if (stop_.load() || Clock::now() > deadline) return false;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (done[i]) continue;
+        auto m = shard_ep(i).receive(i == 0 || n == 1 ? 20ms : 5ms);
+        if (m) {
+          if (std::holds_alternative<transport::RoundStart>(m->envelope.body) ||
+              std::holds_alternative<transport::Bye>(m->envelope.body)) {
+            deferred_.push_back(std::move(*m));
+          } else if (accept(i, *m)) {
+            done[i] = true;
+          }
+        }
+        if (!done[i] && Clock::now() >= resend[i]) send(i);
+      }
+    }
+    return true;
+  }
+
+  void run_round(const transport::RoundStart& rs) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::milliseconds(rs.deadline_ms);
+    const std::uint64_t sent0 = bytes_sent(), recv0 = bytes_received();
+    transport::ClientReport report;
+    report.round = rs.round;
+    report.model_version = rs.model_version;
+    // Pull every shard's range in parallel.
+    auto params = net_->parameters();
+    const bool pulled = exchange(
+        [&](std::size_t i) {
+          Envelope e;
+          e.round = rs.round;
+          e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, rs.model_version};
+          return std::pair{std::move(e), transport::Payload{}};
+        },
+        [&](std::size_t i, Message& m) {
+          auto* r = std::get_if<transport::PullReply>(&m.envelope.body);
+          if (!r || r->shard != shards_[i].index) return false;
+          const std::size_t n = (r->end - r->begin);
+          if (r->begin != shards_[i].begin || r->end != shards_[i].end || m.payload.size() != n * 4) {
+            throw ProtocolError("shard " + std::to_string(i) + " sent a reply of the wrong shape");
+          }
+          std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
+          return true;
+        },
+        deadline);
+    if (!pulled) {
+      report.message = "could not pull the model before the deadline";
+      send_report(report);
+      return;
+    }
+    const auto t_pulled = Clock::now();
+    if (rs.evaluate_only) {
+      auto eval = trainer_->evaluate(test_);
+      report.evaluated = true;
+      report.eval_loss = static_cast<float>(eval.loss);
+      report.eval_accuracy = static_cast<float>(eval.accuracy);
+      report.eval_count = eval.count;
+      send_report(report);
+      return;
+    }
+    std::copy(params.begin(), params.end(), global_.begin());
+    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL + rs.round;
+    const auto result = trainer_->train(train_, indices_, seed);
+    const auto t_trained = Clock::now();
+    auto trained = net_->parameters();
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
+    const auto delta_bytes = std::as_bytes(delta_.span());
+    std::vector<std::string> refusals;
+    const bool pushed = exchange(
+        [&](std::size_t i) {
+          const auto& s = shards_[i];
+          Envelope e;
+          e.round = rs.round;
+          e.body = transport::Push{s.index, s.begin, s.end, indices_.size(),
+                                   rs.model_version, transport::Encoding::kDenseF32,
+                                   transport::PushKind::kDelta, static_cast<float>(result.mean_loss), 0,
+                                   s.end - s.begin};
+          return std::pair{std::move(e), transport::Payload{delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4), nullptr}};
+        },
+        [&](std::size_t, Message& m) {
+          auto* a = std::get_if<transport::PushAck>(&m.envelope.body);
+          if (!a || m.envelope.round != rs.round) return false;
+          if (!a->accepted) refusals.push_back(a->reason);
+          return true;
+        },
+        deadline);
+    const auto t_pushed = Clock::now();
+    report.trained = pushed && refusals.empty();
+    if (!pushed) report.message = "could not push before the deadline";
+    if (!refusals.empty()) report.message = "a shard refused the update: " + refusals.front();
+    report.num_samples = indices_.size();
+    report.train_loss = static_cast<float>(result.mean_loss);
+    report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
+    report.comm_seconds = std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
+    report.bytes_sent = bytes_sent() - sent0;
+    report.bytes_received = bytes_received() - recv0;
+    send_report(report);
+  }
+
+  void send_report(const transport::ClientReport& r) {
+    Envelope e;
+    e.round = r.round;
+    e.body = r;
+    try {
+      coordinator_->send({}, std::move(e));
+    } catch (const TransportError& err) {
+      COHORT_LOG(Warn) << name() << ": report lost: " << err.what();
+    }
+  }
+
+  const Config& config_;
+  const std::atomic<bool>& stop_;
+  transport::Context ctx_;
+  ThreadPool* pool_ = nullptr;
+  std::optional<Endpoint> coordinator_;
+  std::uint64_t coordinator_handshakes_ = 0;
+  std::vector<std::unique_ptr<Endpoint>> shard_eps_;
+  std::vector<transport::ShardInfo> shards_;
+  std::deque<Message> deferred_;
+  std::chrono::milliseconds heartbeat_{2000};
+  Dataset train_, test_;
+  std::vector<std::uint32_t> indices_;
+  std::string partition_text_;
+  std::string model_spec_;
+  TrainerOptions options_;
+  std::unique_ptr<kernels::Device> device_;
+  std::unique_ptr<kernels::Network> net_;
+  std::optional<LocalTrainer> trainer_;
+  FloatBuffer global_, delta_;
+};
+
+}  // namespace
+
+ConfigSchema participant_config_schema() {
+  ConfigSchema s;
+  s.add("client.server", std::string("tcp://127.0.0.1:7000"), "url of the coordinator (shard 0)")
+      .add("client.name", std::string("client-0"), "node id; must be the certificate's CN")
+      .add("client.device", std::string("cpu"), "cpu or cuda:N")
+      .add("client.threads", std::int64_t{1}, "CPU threads for local training")
+      .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining after this long")
+      .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")
+      .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
+      .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
+      .add("data.part", std::string("0/1"), "which part this client holds: I/N")
+      .add("data.seed", std::int64_t{1}, "seed of the partition (equal on every client)")
+      .add("tls.insecure", false, "plaintext transport (logged as a warning)")
+      .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
+      .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
+      .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
+      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages");
+  return s;
+}
+
+int run_participant(const Config& config, const std::atomic<bool>& stop) {
+  Participant p(config, stop);
+  return p.run();
+}
+
+}  // namespace cohort::client

@@ -1,0 +1,378 @@
+#include "cohort/client/trainer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <sstream>
+
+#include "cohort/client/random.h"
+#include "cohort/core/error.h"
+#include "cohort/kernels/loss.h"
+
+namespace cohort::client {
+namespace {
+
+constexpr std::string_view kScheduleForms =
+    "valid: constant, step:STEP_SIZE:GAMMA, cosine[:TOTAL_STEPS[:MIN_LR]]";
+
+[[noreturn]] void bad_schedule(std::string_view spec, const std::string& why) {
+  throw ConfigError("lr schedule '" + std::string(spec) + "': " + why + "; " +
+                    std::string(kScheduleForms));
+}
+
+double schedule_number(std::string_view spec, std::string_view text) {
+  double v = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty() || !std::isfinite(v)) {
+    bad_schedule(spec, std::string("'").append(text).append("' is not a number"));
+  }
+  return v;
+}
+
+std::size_t schedule_count(std::string_view spec, std::string_view text, bool allow_zero) {
+  const double v = schedule_number(spec, text);
+  if (v < (allow_zero ? 0 : 1) || v != std::floor(v) || v > 1e15) {
+    bad_schedule(spec, std::string("'")
+                           .append(text)
+                           .append("' must be an integer >= ")
+                           .append(allow_zero ? "0" : "1"));
+  }
+  return static_cast<std::size_t>(v);
+}
+
+std::size_t non_negative(const ConfigSection& section, std::string_view key, std::size_t fallback) {
+  const std::int64_t v = section.get_int(key, static_cast<std::int64_t>(fallback));
+  if (v < 0) {
+    throw ConfigError("config key '" + section.prefix() + "." + std::string(key) +
+                      "' must be >= 0, got " + std::to_string(v));
+  }
+  return static_cast<std::size_t>(v);
+}
+
+}  // namespace
+
+double LrSchedule::rate(double base_lr, std::size_t t, std::size_t horizon) const {
+  switch (kind) {
+    case ScheduleKind::kConstant:
+      return base_lr;
+    case ScheduleKind::kStep:
+      return base_lr * std::pow(gamma, static_cast<double>(t / step_size));
+    case ScheduleKind::kCosine: {
+      const std::size_t total = total_steps > 0 ? total_steps : horizon;
+      COHORT_CHECK(total > 0) << "cosine schedule without a horizon";
+      const double progress = static_cast<double>(std::min(t, total)) / static_cast<double>(total);
+      return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
+    }
+  }
+  return base_lr;
+}
+
+std::string LrSchedule::to_string() const {
+  std::ostringstream out;
+  switch (kind) {
+    case ScheduleKind::kConstant:
+      out << "constant";
+      break;
+    case ScheduleKind::kStep:
+      out << "step:" << step_size << ':' << gamma;
+      break;
+    case ScheduleKind::kCosine:
+      out << "cosine:" << total_steps << ':' << min_lr;
+      break;
+  }
+  return out.str();
+}
+
+LrSchedule parse_lr_schedule(std::string_view spec) {
+  std::vector<std::string_view> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t colon = spec.find(':', start);
+    parts.push_back(spec.substr(start, colon == spec.npos ? spec.npos : colon - start));
+    if (colon == spec.npos) break;
+    start = colon + 1;
+  }
+  LrSchedule out;
+  if (parts[0] == "constant") {
+    if (parts.size() != 1) bad_schedule(spec, "constant takes no parameters");
+    out.kind = ScheduleKind::kConstant;
+  } else if (parts[0] == "step") {
+    if (parts.size() != 3) bad_schedule(spec, "step needs STEP_SIZE and GAMMA");
+    out.kind = ScheduleKind::kStep;
+    out.step_size = schedule_count(spec, parts[1], false);
+    out.gamma = schedule_number(spec, parts[2]);
+    if (!(out.gamma > 0)) bad_schedule(spec, "GAMMA must be > 0");
+  } else if (parts[0] == "cosine") {
+    if (parts.size() > 3) bad_schedule(spec, "too many parameters");
+    out.kind = ScheduleKind::kCosine;
+    if (parts.size() > 1) out.total_steps = schedule_count(spec, parts[1], true);
+    if (parts.size() > 2) out.min_lr = schedule_number(spec, parts[2]);
+    if (out.min_lr < 0) bad_schedule(spec, "MIN_LR must be >= 0");
+  } else {
+    bad_schedule(spec, "unknown schedule '" + std::string(parts[0]) + "'");
+  }
+  return out;
+}
+
+void validate(const TrainerOptions& options) {
+  if (options.batch_size == 0) throw ConfigError("trainer: batch_size must be >= 1");
+  if (options.eval_batch_size == 0) throw ConfigError("trainer: eval_batch_size must be >= 1");
+  if (options.epochs == 0 && options.steps == 0) {
+    throw ConfigError("trainer: set epochs >= 1 or steps >= 1");
+  }
+  if (!(options.prox_mu >= 0) || !std::isfinite(options.prox_mu)) {
+    throw ConfigError("trainer: prox_mu must be a finite number >= 0, got " +
+                      std::to_string(options.prox_mu));
+  }
+  if (options.schedule.kind == ScheduleKind::kStep && options.schedule.step_size == 0) {
+    throw ConfigError("trainer: lr schedule step size must be >= 1");
+  }
+  kernels::validate(options.optimizer);
+}
+
+TrainerOptions trainer_options_from(const ConfigSection& section) {
+  static constexpr std::string_view kKnown[] = {
+      "batch_size",      "epochs",    "steps",
+      "drop_last",       "optimizer", "lr",
+      "momentum",        "nesterov",  "weight_decay",
+      "beta1",           "beta2",     "epsilon",
+      "lr_schedule",     "prox_mu",   "reset_optimizer_state",
+      "eval_batch_size", "device",    "threads"};
+  section.require_known(kKnown);
+  TrainerOptions o;
+  o.batch_size = non_negative(section, "batch_size", o.batch_size);
+  o.epochs = non_negative(section, "epochs", o.epochs);
+  o.steps = non_negative(section, "steps", o.steps);
+  o.drop_last = section.get_bool("drop_last", o.drop_last);
+  o.eval_batch_size = non_negative(section, "eval_batch_size", o.eval_batch_size);
+  auto& opt = o.optimizer;
+  opt.kind = kernels::parse_optimizer_kind(
+      section.get_string("optimizer", std::string(kernels::to_string(opt.kind))));
+  opt.learning_rate = static_cast<float>(section.get_double("lr", opt.learning_rate));
+  opt.momentum = static_cast<float>(section.get_double("momentum", opt.momentum));
+  opt.nesterov = section.get_bool("nesterov", opt.nesterov);
+  opt.weight_decay = static_cast<float>(section.get_double("weight_decay", opt.weight_decay));
+  opt.beta1 = static_cast<float>(section.get_double("beta1", opt.beta1));
+  opt.beta2 = static_cast<float>(section.get_double("beta2", opt.beta2));
+  opt.epsilon = static_cast<float>(section.get_double("epsilon", opt.epsilon));
+  o.schedule = parse_lr_schedule(section.get_string("lr_schedule", "constant"));
+  o.prox_mu = section.get_double("prox_mu", o.prox_mu);
+  o.reset_optimizer_state = section.get_bool("reset_optimizer_state", o.reset_optimizer_state);
+  validate(o);
+  return o;
+}
+
+void declare_trainer_options(ConfigSchema& schema, std::string_view prefix) {
+  const TrainerOptions d;
+  const std::string p = std::string(prefix) + ".";
+  auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  schema.add(p + "device", std::string("cpu"), "where to train: cpu, cuda, cuda:N")
+      .add(p + "threads", std::int64_t{1}, "CPU kernel threads per network (0: one per core)")
+      .add(p + "batch_size", i64(d.batch_size), "minibatch size")
+      .add(p + "epochs", i64(d.epochs), "local epochs (when steps = 0)")
+      .add(p + "steps", i64(d.steps), "local steps; > 0 overrides epochs")
+      .add(p + "drop_last", d.drop_last, "drop each epoch's final partial batch")
+      .add(p + "optimizer", std::string(kernels::to_string(d.optimizer.kind)), "sgd, adam or adamw")
+      .add(p + "lr", static_cast<double>(d.optimizer.learning_rate), "base learning rate")
+      .add(p + "momentum", static_cast<double>(d.optimizer.momentum), "SGD momentum")
+      .add(p + "nesterov", d.optimizer.nesterov, "SGD Nesterov momentum")
+      .add(p + "weight_decay", static_cast<double>(d.optimizer.weight_decay),
+           "L2 weight decay (decoupled for adamw)")
+      .add(p + "beta1", static_cast<double>(d.optimizer.beta1), "Adam beta1")
+      .add(p + "beta2", static_cast<double>(d.optimizer.beta2), "Adam beta2")
+      .add(p + "epsilon", static_cast<double>(d.optimizer.epsilon), "Adam epsilon")
+      .add(p + "lr_schedule", d.schedule.to_string(),
+           "constant, step:STEP_SIZE:GAMMA or cosine[:TOTAL_STEPS[:MIN_LR]]")
+      .add(p + "prox_mu", d.prox_mu, "FedProx proximal coefficient mu (0: off)")
+      .add(p + "reset_optimizer_state", d.reset_optimizer_state,
+           "zero optimizer state at the start of each local training")
+      .add(p + "eval_batch_size", i64(d.eval_batch_size), "batch size for evaluation");
+}
+
+DeviceChoice device_choice_from(const ConfigSection& section) {
+  DeviceChoice out;
+  out.device = section.get_string("device", out.device);
+  out.threads = non_negative(section, "threads", out.threads);
+  return out;
+}
+
+LocalTrainer::LocalTrainer(kernels::Network& network, TrainerOptions options)
+    : network_(network), options_(std::move(options)) {
+  validate(options_);
+  network_.set_optimizer(options_.optimizer);
+  current_lr_ = options_.optimizer.learning_rate;
+}
+
+void LocalTrainer::check_fits(const Dataset& data) const {
+  const auto& spec = network_.spec();
+  if (data.feature_dim() != spec.input_shape().size()) {
+    throw DataError("dataset examples have " + std::to_string(data.feature_dim()) + " features (" +
+                    kernels::to_string(data.shape()) + ") but the model takes " +
+                    std::to_string(spec.input_shape().size()) + " (" +
+                    kernels::to_string(spec.input_shape()) + ")");
+  }
+  if (data.num_classes() > network_.output_size()) {
+    throw DataError("dataset has " + std::to_string(data.num_classes()) +
+                    " classes but the model outputs " + std::to_string(network_.output_size()));
+  }
+}
+
+void LocalTrainer::gather(const Dataset& data, std::span<const std::uint32_t> rows) {
+  const std::size_t d = data.feature_dim();
+  if (batch_x_.size() < rows.size() * d) batch_x_.resize(rows.size() * d);
+  if (batch_y_.size() < rows.size()) batch_y_.resize(rows.size());
+  const float* src = data.features().data();
+  const auto labels = data.labels();
+  float* dst = batch_x_.data();
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const std::size_t i = rows[k];
+    std::copy_n(src + i * d, d, dst + k * d);
+    batch_y_[k] = labels[i];
+  }
+}
+
+float LocalTrainer::proximal_step(std::size_t batch) {
+  const std::size_t classes = network_.output_size();
+  const auto input =
+      std::span<const float>(batch_x_.data(), batch * network_.spec().input_shape().size());
+  const auto labels = std::span<const std::int32_t>(batch_y_.data(), batch);
+  const auto logits = network_.forward(input, batch, /*training=*/true);
+  if (dlogits_.size() < batch * classes) dlogits_.resize(batch * classes);
+  const auto dlogits = std::span<float>(dlogits_.data(), batch * classes);
+  const float loss = kernels::softmax_cross_entropy(logits, labels, classes, dlogits);
+  network_.backward(dlogits);
+  // FedProx (1.12): grad += mu * (w - w_start).
+  const auto params = std::as_const(network_).parameters();
+  const auto grads = network_.gradients();
+  const auto mu = static_cast<float>(options_.prox_mu);
+  const float* start = start_params_.data();
+  for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += mu * (params[i] - start[i]);
+  network_.step();
+  return loss;
+}
+
+TrainResult LocalTrainer::train(const Dataset& data, std::span<const std::uint32_t> indices,
+                                std::uint64_t seed, std::size_t first_step) {
+  return train_rows(data, indices, /*all=*/false, seed, first_step);
+}
+
+TrainResult LocalTrainer::train(const Dataset& data, std::uint64_t seed, std::size_t first_step) {
+  return train_rows(data, {}, /*all=*/true, seed, first_step);
+}
+
+EvalResult LocalTrainer::evaluate(const Dataset& data, std::span<const std::uint32_t> indices) {
+  return evaluate_rows(data, indices, /*all=*/false);
+}
+
+EvalResult LocalTrainer::evaluate(const Dataset& data) {
+  return evaluate_rows(data, {}, /*all=*/true);
+}
+
+TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::uint32_t> indices,
+                                     bool all, std::uint64_t seed, std::size_t first_step) {
+  check_fits(data);
+  const std::size_t n = all ? data.size() : indices.size();
+  TrainResult result;
+  if (n == 0) return result;
+  for (const auto i : indices) {
+    if (i >= data.size()) {
+      throw DataError("trainer: index " + std::to_string(i) + " out of range for " +
+                      std::to_string(data.size()) + " examples");
+    }
+  }
+  order_.resize(n);
+  const std::size_t B = options_.batch_size;
+  const std::size_t full = n / B;
+  const std::size_t batches_per_epoch = options_.drop_last ? full : (n + B - 1) / B;
+  if (batches_per_epoch == 0) {
+    throw DataError("trainer: " + std::to_string(n) + " examples make no full batch of " +
+                    std::to_string(B) + " with drop_last");
+  }
+  const std::size_t total_steps =
+      options_.steps > 0 ? options_.steps : options_.epochs * batches_per_epoch;
+
+  if (options_.reset_optimizer_state) network_.reset_optimizer_state();
+  if (options_.prox_mu > 0) {
+    const auto params = std::as_const(network_).parameters();
+    if (start_params_.size() != params.size()) start_params_ = FloatBuffer(params.size());
+    std::copy(params.begin(), params.end(), start_params_.begin());
+  }
+  const double base_lr = options_.optimizer.learning_rate;
+  double loss_sum = 0.0;
+  std::size_t step = 0;
+  for (std::uint64_t epoch = 0; step < total_steps; ++epoch) {
+    if (all) {
+      std::iota(order_.begin(), order_.end(), std::uint32_t{0});
+    } else {
+      std::copy(indices.begin(), indices.end(), order_.begin());
+    }
+    Rng rng = Rng::for_stream(seed, epoch);
+    rng.shuffle(std::span<std::uint32_t>(order_));
+    for (std::size_t b = 0; b < batches_per_epoch && step < total_steps; ++b, ++step) {
+      const std::size_t begin = b * B;
+      const std::size_t batch = std::min(B, n - begin);
+      gather(data, std::span<const std::uint32_t>(order_.data() + begin, batch));
+      const auto lr =
+          static_cast<float>(options_.schedule.rate(base_lr, first_step + step, total_steps));
+      if (lr != current_lr_) {
+        network_.set_learning_rate(lr);
+        current_lr_ = lr;
+      }
+      float loss = 0;
+      if (options_.prox_mu > 0) {
+        loss = proximal_step(batch);
+      } else {
+        loss =
+            network_.train_step(std::span<const float>(batch_x_.data(), batch * data.feature_dim()),
+                                std::span<const std::int32_t>(batch_y_.data(), batch), batch);
+      }
+      loss_sum += static_cast<double>(loss) * static_cast<double>(batch);
+      result.samples += batch;
+    }
+  }
+  result.steps = step;
+  result.mean_loss = loss_sum / static_cast<double>(result.samples);
+  return result;
+}
+
+EvalResult LocalTrainer::evaluate_rows(const Dataset& data, std::span<const std::uint32_t> indices,
+                                       bool all) {
+  check_fits(data);
+  const std::size_t n = all ? data.size() : indices.size();
+  const std::size_t d = data.feature_dim();
+  const std::size_t B = options_.eval_batch_size;
+  double loss_sum = 0.0;
+  std::size_t correct = 0;
+  for (std::size_t begin = 0; begin < n; begin += B) {
+    const std::size_t batch = std::min(B, n - begin);
+    kernels::Evaluation e;
+    if (all) {
+      // Rows are contiguous: evaluate straight from the dataset, no copy.
+      e = network_.evaluate(data.features().subspan(begin * d, batch * d),
+                            data.labels().subspan(begin, batch), batch);
+    } else {
+      for (std::size_t k = 0; k < batch; ++k) {
+        if (indices[begin + k] >= data.size()) {
+          throw DataError("trainer: index " + std::to_string(indices[begin + k]) +
+                          " out of range for " + std::to_string(data.size()) + " examples");
+        }
+      }
+      gather(data, indices.subspan(begin, batch));
+      e = network_.evaluate(std::span<const float>(batch_x_.data(), batch * d),
+                            std::span<const std::int32_t>(batch_y_.data(), batch), batch);
+    }
+    loss_sum += e.loss_sum;
+    correct += e.correct;
+  }
+  EvalResult out;
+  out.count = n;
+  if (n > 0) {
+    out.loss = loss_sum / static_cast<double>(n);
+    out.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+  }
+  return out;
+}
+
+}  // namespace cohort::client

@@ -1,0 +1,298 @@
+#include "cpu_network.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../check.h"
+#include "../parallel.h"
+#include "../random.h"
+#include "cohort/core/buffer.h"
+#include "cohort/core/error.h"
+#include "cohort/core/thread_pool.h"
+#include "cohort/kernels/loss.h"
+#include "cohort/kernels/optimizer.h"
+#include "layers.h"
+
+namespace cohort::kernels::cpu {
+namespace {
+
+// Optimizer steps are memory-bound: split only vectors big enough to amortise a hand-off.
+constexpr std::size_t kOptimizerGrain = 1 << 16;
+
+// One executed layer. Flatten and a ReLU that follows a linear or conv2d layer (fused into it)
+// produce no op.
+struct Op {
+  const LayerSpec* layer = nullptr;
+  std::size_t index = 0;  // into spec.layers(), for dropout keys
+  bool relu = false;      // fused ReLU on the output
+  ConvGeometry conv{};
+  PoolGeometry pool{};
+  std::size_t in_size = 0;   // floats per sample
+  std::size_t out_size = 0;
+};
+
+class CpuNetwork final : public Network {
+ public:
+  CpuNetwork(const NetworkSpec& spec, ThreadPool* pool)
+      : Network(spec),
+        pool_(pool),
+        workspace_(pool != nullptr ? pool->size() : 1),
+        exec_{pool, &workspace_},
+        params_(spec.parameter_count()),
+        grads_(spec.parameter_count()) {
+    if (spec.layers().empty()) throw KernelError("network has no layers");
+    const auto layers = spec.layers();
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec& l = layers[i];
+      if (l.kind == LayerKind::kFlatten) continue;
+      if (l.kind == LayerKind::kRelu && !ops_.empty() && !ops_.back().relu &&
+          (ops_.back().layer->kind == LayerKind::kLinear ||
+           ops_.back().layer->kind == LayerKind::kConv2d)) {
+        ops_.back().relu = true;
+        continue;
+      }
+      Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
+      if (l.kind == LayerKind::kConv2d) op.conv = conv_geometry(l);
+      if (l.kind == LayerKind::kMaxPool2d) op.pool = pool_geometry(l);
+      ops_.push_back(op);
+    }
+    outputs_.resize(ops_.size());
+    masks_.resize(ops_.size());
+    argmax_.resize(ops_.size());
+    out_ptrs_.resize(ops_.size());
+  }
+
+  std::string device_name() const override { return "cpu"; }
+
+  void init(std::uint64_t seed) override {
+    spec().initialize(seed, params_.span());
+    grads_.fill(0.0f);
+    set_seed(seed);
+    reset_optimizer_state();
+  }
+
+  void set_seed(std::uint64_t seed) override {
+    seed_ = seed;
+    dropout_calls_ = 0;
+  }
+
+  std::span<float> parameters() override { return params_.span(); }
+  std::span<const float> parameters() const override { return params_.span(); }
+  std::span<float> gradients() override { return grads_.span(); }
+  std::span<const float> gradients() const override { return grads_.span(); }
+
+  std::span<const float> forward(std::span<const float> input, std::size_t batch,
+                                 bool training) override {
+    if (batch == 0) throw KernelError("forward: empty batch");
+    detail::check_size("forward input", input.size(), batch * spec().input_shape().size());
+    reserve(batch);
+    const float* x = input.data();
+    if (training) {
+      std::memcpy(input_.data(), input.data(), input.size_bytes());  // backward reads it
+      x = input_.data();
+    }
+    input_ptr_ = x;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      const LayerSpec& l = *op.layer;
+      float* y = outputs_[i].data();
+      const float* w = params_.data() + l.weight_offset;
+      const float* b = params_.data() + l.bias_offset;
+      switch (l.kind) {
+        case LayerKind::kLinear:
+          linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
+          break;
+        case LayerKind::kConv2d:
+          conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
+          break;
+        case LayerKind::kRelu:
+          relu_forward(x, y, batch * op.out_size);
+          break;
+        case LayerKind::kMaxPool2d:
+          maxpool2d_forward(exec_, x, y, argmax_[i].data(), batch, op.pool);
+          break;
+        case LayerKind::kDropout:
+          if (training && l.drop_probability > 0.0f) {
+            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
+                            detail::dropout_key(seed_, dropout_calls_, op.index));
+          } else {
+            y = const_cast<float*>(x);  // identity: pass the input through, never written
+          }
+          break;
+        case LayerKind::kFlatten:
+          break;
+      }
+      out_ptrs_[i] = y;
+      x = y;
+    }
+    if (training) ++dropout_calls_;
+    batch_ = batch;
+    trained_forward_ = training;
+    return {x, batch * output_size()};
+  }
+
+  void backward(std::span<const float> dlogits) override {
+    if (!trained_forward_) throw KernelError("backward: needs a preceding training forward");
+    detail::check_size("backward dlogits", dlogits.size(), batch_ * output_size());
+    float* dy = grad_a_.data();
+    float* dx = grad_b_.data();
+    std::memcpy(dy, dlogits.data(), dlogits.size_bytes());  // kernels may mask it in place
+    for (std::size_t i = ops_.size(); i-- > 0;) {
+      const Op& op = ops_[i];
+      const LayerSpec& l = *op.layer;
+      const float* x = i == 0 ? input_ptr_ : out_ptrs_[i - 1];
+      const float* y = out_ptrs_[i];
+      float* want_dx = i == 0 ? nullptr : dx;
+      const float* w = params_.data() + l.weight_offset;
+      float* dw = grads_.data() + l.weight_offset;
+      float* db = grads_.data() + l.bias_offset;
+      const std::size_t n = batch_;
+      switch (l.kind) {
+        case LayerKind::kLinear:
+          linear_backward(exec_, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, n, l.in,
+                          l.out);
+          break;
+        case LayerKind::kConv2d:
+          conv2d_backward(exec_, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, n, op.conv);
+          break;
+        case LayerKind::kRelu:
+          if (want_dx != nullptr) relu_backward(y, dy, want_dx, n * op.out_size);
+          break;
+        case LayerKind::kMaxPool2d:
+          if (want_dx != nullptr) maxpool2d_backward(exec_, dy, argmax_[i].data(), want_dx, n, op.pool);
+          break;
+        case LayerKind::kDropout:
+          if (want_dx == nullptr) break;
+          if (l.drop_probability > 0.0f) {
+            dropout_backward(dy, masks_[i].data(), want_dx, n * op.out_size);
+          } else {
+            std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
+          }
+          break;
+        case LayerKind::kFlatten:
+          break;
+      }
+      std::swap(dx, dy);
+    }
+  }
+
+  void set_optimizer(const OptimizerOptions& options) override {
+    validate(options);
+    optimizer_ = options;
+    optimizer_state_ = FloatBuffer(parameter_count() * state_floats_per_parameter(options));
+    optimizer_steps_ = 0;
+  }
+
+  void set_learning_rate(float learning_rate) override {
+    if (!optimizer_) throw KernelError("set_learning_rate: no optimizer set");
+    OptimizerOptions next = *optimizer_;
+    next.learning_rate = learning_rate;
+    validate(next);
+    optimizer_ = next;
+  }
+
+  void reset_optimizer_state() override {
+    optimizer_state_.fill(0.0f);
+    optimizer_steps_ = 0;
+  }
+
+  void step() override {
+    if (!optimizer_) throw KernelError("step: no optimizer set (call set_optimizer first)");
+    const OptimizerOptions& o = *optimizer_;
+    const std::size_t count = parameter_count();
+    const std::uint64_t t = ++optimizer_steps_;
+    float* state = optimizer_state_.data();
+    detail::parallel_ranges(pool_, count, kOptimizerGrain, [&](std::size_t b, std::size_t e) {
+      const std::span<float> p = params_.span().subspan(b, e - b);
+      const std::span<const float> g = grads_.span().subspan(b, e - b);
+      if (o.kind == OptimizerKind::kSgd) {
+        std::span<float> v;
+        if (o.momentum > 0.0f) v = {state + b, e - b};
+        sgd_step(o, p, g, v);
+      } else {
+        adam_step(o, t, p, g, {state + b, e - b}, {state + count + b, e - b});
+      }
+    });
+  }
+
+  float train_step(std::span<const float> input, std::span<const std::int32_t> labels,
+                   std::size_t batch) override {
+    detail::check_size("train_step labels", labels.size(), batch);
+    if (!optimizer_) throw KernelError("train_step: no optimizer set (call set_optimizer first)");
+    const std::span<const float> logits = forward(input, batch, /*training=*/true);
+    const std::span<float> dlogits = dlogits_.span().subspan(0, logits.size());
+    const float loss = softmax_cross_entropy(logits, labels, output_size(), dlogits);
+    backward(dlogits);
+    step();
+    return loss;
+  }
+
+  Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
+                      std::size_t batch) override {
+    detail::check_size("evaluate labels", labels.size(), batch);
+    const std::span<const float> logits = forward(input, batch, /*training=*/false);
+    const float loss = softmax_cross_entropy(logits, labels, output_size());
+    return {.loss_sum = static_cast<double>(loss) * static_cast<double>(batch),
+            .correct = count_correct(logits, labels, output_size()),
+            .count = batch};
+  }
+
+ private:
+  // Grows every per-batch buffer to hold `batch` samples; no-op once large enough.
+  void reserve(std::size_t batch) {
+    if (batch <= capacity_) return;
+    std::size_t widest = output_size();
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      widest = std::max({widest, op.in_size, op.out_size});
+      outputs_[i] = FloatBuffer(batch * op.out_size);
+      if (op.layer->kind == LayerKind::kDropout) masks_[i] = FloatBuffer(batch * op.out_size);
+      if (op.layer->kind == LayerKind::kMaxPool2d) argmax_[i].assign(batch * op.out_size, 0);
+    }
+    input_ = FloatBuffer(batch * spec().input_shape().size());
+    grad_a_ = FloatBuffer(batch * widest);
+    grad_b_ = FloatBuffer(batch * widest);
+    dlogits_ = FloatBuffer(batch * output_size());
+    capacity_ = batch;
+  }
+
+  ThreadPool* pool_;
+  Workspace workspace_;
+  Exec exec_;
+  FloatBuffer params_;
+  FloatBuffer grads_;
+  std::vector<Op> ops_;
+
+  // Per-batch buffers, sized for capacity_ samples.
+  std::size_t capacity_ = 0;
+  FloatBuffer input_;                               // copy of a training forward's input
+  std::vector<FloatBuffer> outputs_;                // per op
+  std::vector<FloatBuffer> masks_;                  // dropout ops
+  std::vector<std::vector<std::int32_t>> argmax_;   // maxpool ops
+  FloatBuffer grad_a_, grad_b_;                     // activation gradients, ping-pong
+  FloatBuffer dlogits_;
+
+  // State of the last forward.
+  const float* input_ptr_ = nullptr;
+  std::vector<const float*> out_ptrs_;
+  std::size_t batch_ = 0;
+  bool trained_forward_ = false;
+
+  std::uint64_t seed_ = 0;
+  std::uint64_t dropout_calls_ = 0;
+
+  std::optional<OptimizerOptions> optimizer_;
+  FloatBuffer optimizer_state_;  // SGD: velocity; Adam: m then v
+  std::uint64_t optimizer_steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Network> make_cpu_network(const NetworkSpec& spec, ThreadPool* pool) {
+  return std::make_unique<CpuNetwork>(spec, pool);
+}
+
+}  // namespace cohort::kernels::cpu

@@ -1,0 +1,93 @@
+// CPU layer kernels (Eigen GEMMs behind raw pointers), used by CpuNetwork and tested directly.
+//
+// Layout: NCHW, batch-major, contiguous; weights as in network.h. Every function processes n
+// samples. backward functions overwrite (never accumulate into) dw, db and dx; dx == nullptr skips
+// the input gradient (the first layer never needs it). Work is split over exec.pool when there is
+// one; exec.workspace provides per-part scratch that grows once and is then reused.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cohort/core/buffer.h"
+#include "cohort/kernels/network.h"
+
+namespace cohort {
+class ThreadPool;
+}  // namespace cohort
+
+namespace cohort::kernels::cpu {
+
+// Per-part scratch buffers: part p (0 <= p < parts) may be used only by the thread running
+// part p. Not thread-safe otherwise.
+class Workspace {
+ public:
+  explicit Workspace(std::size_t parts = 1);
+  // A buffer of at least count floats, contents unspecified; stable until the next call with the
+  // same (part, slot) and a larger count.
+  float* floats(std::size_t part, std::size_t slot, std::size_t count);
+  [[nodiscard]] std::size_t parts() const { return slots_.size(); }
+
+  static constexpr std::size_t kSlots = 5;
+
+ private:
+  std::vector<std::array<FloatBuffer, kSlots>> slots_;
+};
+
+struct Exec {
+  ThreadPool* pool = nullptr;  // nullptr: everything on the calling thread
+  Workspace* workspace = nullptr;
+};
+
+struct ConvGeometry {
+  std::size_t in_channels, height, width, out_channels, kernel, stride, padding, out_height,
+      out_width;
+  [[nodiscard]] std::size_t patch() const { return in_channels * kernel * kernel; }  // K
+  [[nodiscard]] std::size_t positions() const { return out_height * out_width; }     // P
+  [[nodiscard]] std::size_t in_size() const { return in_channels * height * width; }
+  [[nodiscard]] std::size_t out_size() const { return out_channels * positions(); }
+};
+ConvGeometry conv_geometry(const LayerSpec& layer);
+
+struct PoolGeometry {
+  std::size_t channels, height, width, kernel, stride, out_height, out_width;
+  [[nodiscard]] std::size_t in_size() const { return channels * height * width; }
+  [[nodiscard]] std::size_t out_size() const { return channels * out_height * out_width; }
+};
+PoolGeometry pool_geometry(const LayerSpec& layer);
+
+// y[n, out] = x[n, in] * w[out, in]^T + b, then max(0, .) when relu.
+void linear_forward(Exec& exec, const float* x, const float* w, const float* b, float* y,
+                    std::size_t n, std::size_t in, std::size_t out, bool relu);
+// When relu_y != nullptr (the fused ReLU's output) dy is first masked in place by relu_y > 0.
+void linear_backward(Exec& exec, const float* x, const float* w, float* dy, const float* relu_y,
+                     float* dw, float* db, float* dx, std::size_t n, std::size_t in,
+                     std::size_t out);
+
+void relu_forward(const float* x, float* y, std::size_t count);
+// dx = dy * (y > 0); dx may alias dy.
+void relu_backward(const float* y, const float* dy, float* dx, std::size_t count);
+
+// im2col + GEMM over chunks of samples.
+void conv2d_forward(Exec& exec, const float* x, const float* w, const float* b, float* y,
+                    std::size_t n, const ConvGeometry& g, bool relu);
+void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy,
+                     const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
+                     const ConvGeometry& g);
+
+// argmax receives, per output element, the index of the chosen input within its channel plane.
+void maxpool2d_forward(Exec& exec, const float* x, float* y, std::int32_t* argmax, std::size_t n,
+                       const PoolGeometry& g);
+void maxpool2d_backward(Exec& exec, const float* dy, const std::int32_t* argmax, float* dx,
+                        std::size_t n, const PoolGeometry& g);
+
+// mask[i] = 0 with probability p (drawn from counter_uniform(key, i)), else 1 / (1 - p);
+// y = x * mask.
+void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
+                     std::uint64_t key);
+// dx = dy * mask; dx may alias dy.
+void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count);
+
+}  // namespace cohort::kernels::cpu

@@ -1,0 +1,350 @@
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "../random.h"
+#include "cuda_kernels.h"
+#include "cuda_util.h"
+
+namespace cohort::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride loops: enough blocks to fill an H200 (132 SMs x 16 blocks), no more.
+constexpr std::size_t kMaxBlocks = 4096;
+
+unsigned blocks_for(std::size_t count) {
+  return static_cast<unsigned>(
+      std::clamp<std::size_t>((count + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+#define COHORT_GRID_STRIDE(i, count)                                                   \
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; \
+       i < (count); i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+
+__global__ void add_bias_rows_kernel(float* y, const float* b, int rows, int cols, bool relu) {
+  const std::size_t count = static_cast<std::size_t>(rows) * cols;
+  COHORT_GRID_STRIDE(i, count) {
+    const float v = y[i] + b[i % cols];
+    y[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void column_sums_kernel(const float* dy, float* db, int rows, int cols) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float sum = 0.0f;
+  for (int r = 0; r < rows; ++r) sum += dy[static_cast<std::size_t>(r) * cols + j];
+  db[j] = sum;
+}
+
+__global__ void row_sums_kernel(const float* g, float* db, int cols, bool accumulate) {
+  __shared__ float partial[kThreads];
+  const float* row = g + static_cast<std::size_t>(blockIdx.x) * cols;
+  float sum = 0.0f;
+  for (int q = threadIdx.x; q < cols; q += blockDim.x) sum += row[q];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[blockIdx.x] = (accumulate ? db[blockIdx.x] : 0.0f) + partial[0];
+}
+
+__global__ void relu_forward_kernel(const float* x, float* y, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) { y[i] = fmaxf(x[i], 0.0f); }
+}
+
+__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+__global__ void im2col_kernel(const float* x, float* cols, int n, ConvShape g) {
+  const std::size_t ld = static_cast<std::size_t>(n) * g.positions();
+  const std::size_t count = static_cast<std::size_t>(g.patch()) * ld;
+  COHORT_GRID_STRIDE(i, count) {
+    const int row = static_cast<int>(i / ld);
+    const std::size_t col = i % ld;
+    const int sample = static_cast<int>(col / g.positions());
+    const int q = static_cast<int>(col % g.positions());
+    const int c = row / (g.kernel * g.kernel);
+    const int ky = (row / g.kernel) % g.kernel;
+    const int kx = row % g.kernel;
+    const int iy = (q / g.out_width) * g.stride + ky - g.padding;
+    const int ix = (q % g.out_width) * g.stride + kx - g.padding;
+    float v = 0.0f;
+    if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width) {
+      v = x[((static_cast<std::size_t>(sample) * g.in_channels + c) * g.height + iy) * g.width + ix];
+    }
+    cols[i] = v;
+  }
+}
+
+__global__ void col2im_kernel(const float* dcols, float* dx, int n, ConvShape g) {
+  const std::size_t ld = static_cast<std::size_t>(n) * g.positions();
+  const std::size_t count = static_cast<std::size_t>(n) * g.in_channels * g.height * g.width;
+  COHORT_GRID_STRIDE(i, count) {
+    const int ix = static_cast<int>(i % g.width);
+    const int iy = static_cast<int>((i / g.width) % g.height);
+    const int c = static_cast<int>((i / (static_cast<std::size_t>(g.width) * g.height)) % g.in_channels);
+    const int sample = static_cast<int>(i / (static_cast<std::size_t>(g.width) * g.height * g.in_channels));
+    float sum = 0.0f;
+    for (int ky = 0; ky < g.kernel; ++ky) {
+      const int ty = iy + g.padding - ky;
+      if (ty < 0 || ty % g.stride != 0) continue;
+      const int oy = ty / g.stride;
+      if (oy >= g.out_height) continue;
+      for (int kx = 0; kx < g.kernel; ++kx) {
+        const int tx = ix + g.padding - kx;
+        if (tx < 0 || tx % g.stride != 0) continue;
+        const int ox = tx / g.stride;
+        if (ox >= g.out_width) continue;
+        const int row = (c * g.kernel + ky) * g.kernel + kx;
+        sum += dcols[static_cast<std::size_t>(row) * ld +
+                     static_cast<std::size_t>(sample) * g.positions() + oy * g.out_width + ox];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+__global__ void scatter_nchw_kernel(const float* result, const float* b, float* y, int n,
+                                    int channels, int positions, bool relu) {
+  const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
+  const std::size_t ld = static_cast<std::size_t>(n) * positions;
+  COHORT_GRID_STRIDE(i, count) {  // i indexes y (NCHW)
+    const int q = static_cast<int>(i % positions);
+    const int c = static_cast<int>((i / positions) % channels);
+    const std::size_t sample = i / (static_cast<std::size_t>(positions) * channels);
+    const float v = result[c * ld + sample * positions + q] + b[c];
+    y[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void gather_nchw_kernel(const float* dy, const float* relu_y, float* g, int n,
+                                   int channels, int positions) {
+  const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
+  const std::size_t ld = static_cast<std::size_t>(n) * positions;
+  COHORT_GRID_STRIDE(i, count) {  // i indexes dy (NCHW)
+    const int q = static_cast<int>(i % positions);
+    const int c = static_cast<int>((i / positions) % channels);
+    const std::size_t sample = i / (static_cast<std::size_t>(positions) * channels);
+    const float v = relu_y == nullptr || relu_y[i] > 0.0f ? dy[i] : 0.0f;
+    g[c * ld + sample * positions + q] = v;
+  }
+}
+
+__global__ void maxpool_forward_kernel(const float* x, float* y, std::int32_t* argmax, int n,
+                                       PoolShape g) {
+  const int out_plane = g.out_height * g.out_width;
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * out_plane;
+  COHORT_GRID_STRIDE(i, count) {
+    const std::size_t plane = i / out_plane;
+    const int q = static_cast<int>(i % out_plane);
+    const int oy = q / g.out_width, ox = q % g.out_width;
+    const float* in = x + plane * g.height * g.width;
+    int best = oy * g.stride * g.width + ox * g.stride;
+    float best_value = in[best];
+    for (int ky = 0; ky < g.kernel; ++ky) {
+      for (int kx = 0; kx < g.kernel; ++kx) {
+        const int at = (oy * g.stride + ky) * g.width + ox * g.stride + kx;
+        const float v = in[at];
+        if (v > best_value || (isnan(v) && !isnan(best_value))) {
+          best_value = v;
+          best = at;
+        }
+      }
+    }
+    y[i] = best_value;
+    argmax[i] = best;
+  }
+}
+
+__global__ void maxpool_backward_kernel(const float* dy, const std::int32_t* argmax, float* dx,
+                                        int n, PoolShape g) {
+  const int out_plane = g.out_height * g.out_width;
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * out_plane;
+  COHORT_GRID_STRIDE(i, count) {
+    const std::size_t plane = i / out_plane;
+    atomicAdd(dx + plane * g.height * g.width + argmax[i], dy[i]);
+  }
+}
+
+__global__ void dropout_forward_kernel(const float* x, float* y, float* mask, std::size_t count,
+                                       float p, float keep_scale, std::uint64_t key) {
+  COHORT_GRID_STRIDE(i, count) {
+    const float m = detail::counter_uniform(key, i) < p ? 0.0f : keep_scale;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+__global__ void multiply_kernel(const float* a, const float* b, float* out, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) { out[i] = a[i] * b[i]; }
+}
+
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels,
+                                             float* losses, float* dlogits, int rows,
+                                             int classes) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* row = logits + static_cast<std::size_t>(r) * classes;
+  float top = row[0];
+  for (int c = 1; c < classes; ++c) top = fmaxf(top, row[c]);
+  double sum = 0.0;
+  for (int c = 0; c < classes; ++c) sum += exp(static_cast<double>(row[c] - top));
+  const int label = labels[r];
+  losses[r] = static_cast<float>(log(sum) - static_cast<double>(row[label] - top));
+  if (dlogits == nullptr) return;
+  const double inv_sum = 1.0 / sum, inv_rows = 1.0 / rows;
+  float* grad = dlogits + static_cast<std::size_t>(r) * classes;
+  for (int c = 0; c < classes; ++c) {
+    const double p = exp(static_cast<double>(row[c] - top)) * inv_sum;
+    grad[c] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) * inv_rows);
+  }
+}
+
+__global__ void sgd_kernel(float* p, const float* g, float* v, std::size_t count, SgdArgs a) {
+  COHORT_GRID_STRIDE(i, count) {
+    const float d = g[i] + a.weight_decay * p[i];
+    if (v == nullptr) {
+      p[i] -= a.learning_rate * d;
+    } else {
+      const float vel = a.momentum * v[i] + d;
+      v[i] = vel;
+      p[i] -= a.learning_rate * (a.nesterov ? d + a.momentum * vel : vel);
+    }
+  }
+}
+
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::size_t count,
+                            AdamArgs a) {
+  COHORT_GRID_STRIDE(i, count) {
+    const float pi = p[i] * a.shrink;
+    const float gi = g[i] + a.l2 * p[i];
+    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
+    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi - a.step_size * mi / (sqrtf(vi) * a.inv_sqrt_bc2 + a.epsilon);
+  }
+}
+
+}  // namespace
+
+void throw_cuda_error(cudaError_t error, const char* expr, const char* file, int line) {
+  throw KernelError(std::string("CUDA error ") + cudaGetErrorName(error) + " (" +
+                    cudaGetErrorString(error) + ") in " + expr + " at " + file + ":" +
+                    std::to_string(line));
+}
+
+void throw_cublas_error(cublasStatus_t status, const char* expr, const char* file, int line) {
+  throw KernelError(std::string("cuBLAS error ") + cublasGetStatusName(status) + " (" +
+                    cublasGetStatusString(status) + ") in " + expr + " at " + file + ":" +
+                    std::to_string(line));
+}
+
+void add_bias_rows(float* y, const float* b, int rows, int cols, bool relu, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(rows) * cols;
+  add_bias_rows_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, b, rows, cols, relu);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void column_sums(const float* dy, float* db, int rows, int cols, cudaStream_t s) {
+  column_sums_kernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, s>>>(dy, db, rows, cols);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void row_sums(const float* g, float* db, int rows, int cols, bool accumulate, cudaStream_t s) {
+  row_sums_kernel<<<rows, kThreads, 0, s>>>(g, db, cols, accumulate);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_forward(const float* x, float* y, std::size_t count, cudaStream_t s) {
+  relu_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_backward(const float* y, const float* dy, float* dx, std::size_t count, cudaStream_t s) {
+  relu_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, dy, dx, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void im2col(const float* x, float* cols, int n, const ConvShape& g, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(g.patch()) * n * g.positions();
+  im2col_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, cols, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void col2im(const float* dcols, float* dx, int n, const ConvShape& g, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * g.in_channels * g.height * g.width;
+  col2im_kernel<<<blocks_for(count), kThreads, 0, s>>>(dcols, dx, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scatter_nchw(const float* result, const float* b, float* y, int n, int channels,
+                  int positions, bool relu, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
+  scatter_nchw_kernel<<<blocks_for(count), kThreads, 0, s>>>(result, b, y, n, channels, positions,
+                                                             relu);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_nchw(const float* dy, const float* relu_y, float* g, int n, int channels,
+                 int positions, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
+  gather_nchw_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, relu_y, g, n, channels, positions);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void maxpool_forward(const float* x, float* y, std::int32_t* argmax, int n, const PoolShape& g,
+                     cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * g.out_height * g.out_width;
+  maxpool_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, argmax, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx, int n,
+                      const PoolShape& g, cudaStream_t s) {
+  const std::size_t in_count = static_cast<std::size_t>(n) * g.channels * g.height * g.width;
+  COHORT_CUDA_CHECK(cudaMemsetAsync(dx, 0, in_count * sizeof(float), s));
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * g.out_height * g.out_width;
+  maxpool_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, argmax, dx, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
+                     std::uint64_t key, cudaStream_t s) {
+  const float keep_scale = 1.0f / (1.0f - p);  // computed on the host, as on the CPU path
+  dropout_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, mask, count, p, keep_scale,
+                                                                key);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count,
+                      cudaStream_t s) {
+  multiply_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, mask, dx, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void softmax_cross_entropy(const float* logits, const std::int32_t* labels, float* losses,
+                           float* dlogits, int rows, int classes, cudaStream_t s) {
+  softmax_cross_entropy_kernel<<<(rows + kThreads - 1) / kThreads, kThreads, 0, s>>>(
+      logits, labels, losses, dlogits, rows, classes);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sgd_step(float* params, const float* grads, float* velocity, std::size_t count,
+              const SgdArgs& args, cudaStream_t s) {
+  sgd_kernel<<<blocks_for(count), kThreads, 0, s>>>(params, grads, velocity, count, args);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void adam_step(float* params, const float* grads, float* m, float* v, std::size_t count,
+               const AdamArgs& args, cudaStream_t s) {
+  adam_kernel<<<blocks_for(count), kThreads, 0, s>>>(params, grads, m, v, count, args);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace cohort::kernels::cuda

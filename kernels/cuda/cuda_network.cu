@@ -1,0 +1,532 @@
+// The CUDA implementation of Network: the same ops as cpu/cpu_network.cc, with cuBLAS GEMMs and
+// the kernels of cuda_kernels.cu, all on one stream per network.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../check.h"
+#include "../random.h"
+#include "cohort/core/buffer.h"
+#include "cohort/kernels/loss.h"
+#include "cohort/kernels/optimizer.h"
+#include "cuda_backend.h"
+#include "cuda_kernels.h"
+#include "cuda_util.h"
+
+namespace cohort::kernels::cuda {
+namespace {
+
+// im2col scratch per chunk of samples: 32 Mi floats (128 MiB) bounds memory for large images
+// and batches while leaving every GEMM big enough to fill the GPU.
+constexpr std::size_t kColsBudget = std::size_t{1} << 25;
+
+int to_int(std::size_t v) {
+  if (v > static_cast<std::size_t>(INT32_MAX)) throw KernelError("CUDA backend: size exceeds 2^31");
+  return static_cast<int>(v);
+}
+
+// Row-major C[m, n] = op(A)[m, k] * op(B)[k, n] + beta * C, where lda/ldb/ldc are the row strides
+// of the stored matrices. cuBLAS is column-major, so compute C^T = op(B)^T op(A)^T.
+void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc, float beta) {
+  const float one = 1.0f;
+  COHORT_CUBLAS_CHECK(cublasSgemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &one, b, ldb, a,
+                                  lda, &beta, c, ldc));
+}
+
+struct Op {
+  const LayerSpec* layer = nullptr;
+  std::size_t index = 0;
+  bool relu = false;
+  ConvShape conv{};
+  PoolShape pool{};
+  std::size_t in_size = 0;
+  std::size_t out_size = 0;
+};
+
+class CudaNetwork final : public Network {
+ public:
+  CudaNetwork(const NetworkSpec& spec, int ordinal) : Network(spec), ordinal_(ordinal) {
+    if (spec.layers().empty()) throw KernelError("network has no layers");
+    DeviceGuard guard(ordinal_);
+    stream_ = std::make_unique<Stream>();
+    blas_ = std::make_unique<CublasHandle>(stream_->get());
+    const auto layers = spec.layers();
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec& l = layers[i];
+      if (l.kind == LayerKind::kFlatten) continue;
+      if (l.kind == LayerKind::kRelu && !ops_.empty() && !ops_.back().relu &&
+          (ops_.back().layer->kind == LayerKind::kLinear ||
+           ops_.back().layer->kind == LayerKind::kConv2d)) {
+        ops_.back().relu = true;
+        continue;
+      }
+      Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
+      if (l.kind == LayerKind::kConv2d) {
+        op.conv = {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
+                   to_int(l.out), to_int(l.kernel), to_int(l.stride), to_int(l.padding),
+                   to_int(l.output.height), to_int(l.output.width)};
+      }
+      if (l.kind == LayerKind::kMaxPool2d) {
+        op.pool = {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
+                   to_int(l.kernel), to_int(l.stride), to_int(l.output.height),
+                   to_int(l.output.width)};
+      }
+      ops_.push_back(op);
+    }
+    outputs_.resize(ops_.size());
+    masks_.resize(ops_.size());
+    argmax_.resize(ops_.size());
+    out_ptrs_.resize(ops_.size());
+    const std::size_t count = parameter_count();
+    params_.reset(count);
+    grads_.reset(count);
+    params_host_ = FloatBuffer(count);
+    grads_host_ = FloatBuffer(count);
+    if (count > 0) {
+      COHORT_CUDA_CHECK(cudaMemsetAsync(params_.data(), 0, count * sizeof(float), stream()));
+      COHORT_CUDA_CHECK(cudaMemsetAsync(grads_.data(), 0, count * sizeof(float), stream()));
+    }
+    stream_->synchronize();
+  }
+
+  ~CudaNetwork() override {
+    // Buffers free on destruction; make sure no queued kernel still uses them.
+    if (stream_) cudaStreamSynchronize(stream_->get());
+  }
+
+  std::string device_name() const override { return "cuda:" + std::to_string(ordinal_); }
+
+  void init(std::uint64_t seed) override {
+    DeviceGuard guard(ordinal_);
+    spec().initialize(seed, params_host_.span());
+    copy_to_device(params_.data(), params_host_.data(), parameter_count());
+    grads_host_.fill(0.0f);
+    copy_to_device(grads_.data(), grads_host_.data(), parameter_count());
+    stream_->synchronize();
+    params_host_valid_ = grads_host_valid_ = true;
+    params_host_dirty_ = grads_host_dirty_ = false;
+    set_seed(seed);
+    reset_optimizer_state();
+  }
+
+  void set_seed(std::uint64_t seed) override {
+    seed_ = seed;
+    dropout_calls_ = 0;
+  }
+
+  std::span<float> parameters() override {
+    download_params();
+    params_host_dirty_ = true;
+    return params_host_.span();
+  }
+  std::span<const float> parameters() const override {
+    const_cast<CudaNetwork*>(this)->download_params();
+    return params_host_.span();
+  }
+  std::span<float> gradients() override {
+    download_grads();
+    grads_host_dirty_ = true;
+    return grads_host_.span();
+  }
+  std::span<const float> gradients() const override {
+    const_cast<CudaNetwork*>(this)->download_grads();
+    return grads_host_.span();
+  }
+
+  std::span<const float> forward(std::span<const float> input, std::size_t batch,
+                                 bool training) override {
+    DeviceGuard guard(ordinal_);
+    const float* logits = forward_device(input, batch, training);
+    const std::size_t count = batch * output_size();
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits, count * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream()));
+    stream_->synchronize();
+    return logits_host_.span().subspan(0, count);
+  }
+
+  void backward(std::span<const float> dlogits) override {
+    DeviceGuard guard(ordinal_);
+    if (!trained_forward_) throw KernelError("backward: needs a preceding training forward");
+    detail::check_size("backward dlogits", dlogits.size(), batch_ * output_size());
+    copy_to_device(grad_a_.data(), dlogits.data(), dlogits.size());
+    backward_device();
+    stream_->synchronize();
+  }
+
+  void set_optimizer(const OptimizerOptions& options) override {
+    validate(options);
+    DeviceGuard guard(ordinal_);
+    optimizer_ = options;
+    optimizer_state_.reset(parameter_count() * state_floats_per_parameter(options));
+    reset_optimizer_state();
+  }
+
+  void set_learning_rate(float learning_rate) override {
+    if (!optimizer_) throw KernelError("set_learning_rate: no optimizer set");
+    OptimizerOptions next = *optimizer_;
+    next.learning_rate = learning_rate;
+    validate(next);
+    optimizer_ = next;
+  }
+
+  void reset_optimizer_state() override {
+    DeviceGuard guard(ordinal_);
+    if (optimizer_state_.size() > 0) {
+      COHORT_CUDA_CHECK(cudaMemsetAsync(optimizer_state_.data(), 0,
+                                        optimizer_state_.size() * sizeof(float), stream()));
+      stream_->synchronize();
+    }
+    optimizer_steps_ = 0;
+  }
+
+  void step() override {
+    if (!optimizer_) throw KernelError("step: no optimizer set (call set_optimizer first)");
+    DeviceGuard guard(ordinal_);
+    upload_dirty();
+    step_device();
+    stream_->synchronize();
+  }
+
+  float train_step(std::span<const float> input, std::span<const std::int32_t> labels,
+                   std::size_t batch) override {
+    detail::check_size("train_step labels", labels.size(), batch);
+    if (!optimizer_) throw KernelError("train_step: no optimizer set (call set_optimizer first)");
+    check_labels(labels);
+    DeviceGuard guard(ordinal_);
+    const float* logits = forward_device(input, batch, /*training=*/true);
+    copy_to_device(labels_.data(), labels.data(), batch);
+    softmax_cross_entropy(logits, labels_.data(), losses_.data(), grad_a_.data(), to_int(batch),
+                          to_int(output_size()), stream());
+    backward_device();
+    step_device();
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(losses_host_.data(), losses_.data(), batch * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream()));
+    stream_->synchronize();
+    double total = 0.0;
+    for (std::size_t i = 0; i < batch; ++i) total += losses_host_[i];
+    return static_cast<float>(total / static_cast<double>(batch));
+  }
+
+  Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
+                      std::size_t batch) override {
+    detail::check_size("evaluate labels", labels.size(), batch);
+    const std::span<const float> logits = forward(input, batch, /*training=*/false);
+    const float loss = kernels::softmax_cross_entropy(logits, labels, output_size());
+    return {.loss_sum = static_cast<double>(loss) * static_cast<double>(batch),
+            .correct = kernels::count_correct(logits, labels, output_size()),
+            .count = batch};
+  }
+
+ private:
+  cudaStream_t stream() const { return stream_->get(); }
+
+  void copy_to_device(void* dst, const void* src, std::size_t count_floats) {
+    if (count_floats == 0) return;
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(dst, src, count_floats * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream()));
+  }
+
+  void check_labels(std::span<const std::int32_t> labels) const {
+    for (const std::int32_t label : labels) {
+      if (label < 0 || static_cast<std::size_t>(label) >= output_size()) {
+        throw KernelError("label " + std::to_string(label) + " outside [0, " +
+                          std::to_string(output_size()) + ")");
+      }
+    }
+  }
+
+  void download_params() {
+    if (params_host_valid_) return;
+    DeviceGuard guard(ordinal_);
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(params_host_.data(), params_.data(),
+                                      parameter_count() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream()));
+    stream_->synchronize();
+    params_host_valid_ = true;
+  }
+
+  void download_grads() {
+    if (grads_host_valid_) return;
+    DeviceGuard guard(ordinal_);
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(grads_host_.data(), grads_.data(),
+                                      parameter_count() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      stream()));
+    stream_->synchronize();
+    grads_host_valid_ = true;
+  }
+
+  // Pushes host edits made through mutable spans before the device reads the buffers.
+  void upload_dirty() {
+    if (params_host_dirty_) {
+      copy_to_device(params_.data(), params_host_.data(), parameter_count());
+      params_host_dirty_ = false;
+    }
+    if (grads_host_dirty_) {
+      copy_to_device(grads_.data(), grads_host_.data(), parameter_count());
+      grads_host_dirty_ = false;
+    }
+  }
+
+  void reserve(std::size_t batch) {
+    if (batch <= capacity_) return;
+    std::size_t widest = output_size();
+    std::size_t cols = 0, result = 0;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      widest = std::max({widest, op.in_size, op.out_size});
+      outputs_[i].reset(batch * op.out_size);
+      if (op.layer->kind == LayerKind::kDropout) masks_[i].reset(batch * op.out_size);
+      if (op.layer->kind == LayerKind::kMaxPool2d) argmax_[i].reset(batch * op.out_size);
+      if (op.layer->kind == LayerKind::kConv2d) {
+        const std::size_t chunk = chunk_samples(op.conv, batch);
+        cols = std::max(cols, chunk * op.conv.patch() * op.conv.positions());
+        result = std::max(result, chunk * op.conv.out_channels * op.conv.positions());
+      }
+    }
+    input_.reset(batch * spec().input_shape().size());
+    grad_a_.reset(batch * widest);
+    grad_b_.reset(batch * widest);
+    cols_.reset(cols);
+    dcols_.reset(cols);
+    result_.reset(result);
+    labels_.reset(batch);
+    losses_.reset(batch);
+    logits_host_ = FloatBuffer(batch * output_size());
+    losses_host_ = FloatBuffer(batch);
+    capacity_ = batch;
+  }
+
+  static std::size_t chunk_samples(const ConvShape& g, std::size_t batch) {
+    const std::size_t per_sample = static_cast<std::size_t>(g.patch()) * g.positions();
+    return std::clamp<std::size_t>(kColsBudget / std::max<std::size_t>(per_sample, 1), 1, batch);
+  }
+
+  const float* forward_device(std::span<const float> input, std::size_t batch, bool training) {
+    if (batch == 0) throw KernelError("forward: empty batch");
+    detail::check_size("forward input", input.size(), batch * spec().input_shape().size());
+    reserve(batch);
+    upload_dirty();
+    copy_to_device(input_.data(), input.data(), input.size());
+    const float* x = input_.data();
+    const int n = to_int(batch);
+    cudaStream_t s = stream();
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      const LayerSpec& l = *op.layer;
+      float* y = outputs_[i].data();
+      const float* w = params_.data() + l.weight_offset;
+      const float* b = params_.data() + l.bias_offset;
+      switch (l.kind) {
+        case LayerKind::kLinear:
+          gemm(blas_->get(), false, true, n, to_int(l.out), to_int(l.in), x, to_int(l.in), w,
+               to_int(l.in), y, to_int(l.out), 0.0f);
+          add_bias_rows(y, b, n, to_int(l.out), op.relu, s);
+          break;
+        case LayerKind::kConv2d:
+          conv_forward(op, x, w, b, y, batch);
+          break;
+        case LayerKind::kRelu:
+          relu_forward(x, y, batch * op.out_size, s);
+          break;
+        case LayerKind::kMaxPool2d:
+          maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s);
+          break;
+        case LayerKind::kDropout:
+          if (training && l.drop_probability > 0.0f) {
+            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
+                            detail::dropout_key(seed_, dropout_calls_, op.index), s);
+          } else {
+            y = const_cast<float*>(x);  // identity
+          }
+          break;
+        case LayerKind::kFlatten:
+          break;
+      }
+      out_ptrs_[i] = y;
+      x = y;
+    }
+    if (training) ++dropout_calls_;
+    batch_ = batch;
+    trained_forward_ = training;
+    return x;
+  }
+
+  void conv_forward(const Op& op, const float* x, const float* w, const float* b, float* y,
+                    std::size_t batch) {
+    const ConvShape& g = op.conv;
+    const std::size_t chunk = chunk_samples(g, batch);
+    const std::size_t in_size = op.in_size, out_size = op.out_size;
+    for (std::size_t c0 = 0; c0 < batch; c0 += chunk) {
+      const int m = to_int(std::min(chunk, batch - c0));
+      const int ld = m * g.positions();
+      im2col(x + c0 * in_size, cols_.data(), m, g, stream());
+      gemm(blas_->get(), false, false, g.out_channels, ld, g.patch(), w, g.patch(), cols_.data(),
+           ld, result_.data(), ld, 0.0f);
+      scatter_nchw(result_.data(), b, y + c0 * out_size, m, g.out_channels, g.positions(), op.relu,
+                   stream());
+    }
+  }
+
+  void conv_backward(const Op& op, const float* x, const float* w, const float* dy,
+                     const float* relu_y, float* dw, float* db, float* dx, std::size_t batch) {
+    const ConvShape& g = op.conv;
+    const std::size_t chunk = chunk_samples(g, batch);
+    const std::size_t in_size = op.in_size, out_size = op.out_size;
+    for (std::size_t c0 = 0; c0 < batch; c0 += chunk) {
+      const int m = to_int(std::min(chunk, batch - c0));
+      const int ld = m * g.positions();
+      const bool first = c0 == 0;
+      gather_nchw(dy + c0 * out_size, relu_y != nullptr ? relu_y + c0 * out_size : nullptr,
+                  result_.data(), m, g.out_channels, g.positions(), stream());
+      im2col(x + c0 * in_size, cols_.data(), m, g, stream());
+      gemm(blas_->get(), false, true, g.out_channels, g.patch(), ld, result_.data(), ld,
+           cols_.data(), ld, dw, g.patch(), first ? 0.0f : 1.0f);
+      row_sums(result_.data(), db, g.out_channels, ld, !first, stream());
+      if (dx != nullptr) {
+        gemm(blas_->get(), true, false, g.patch(), ld, g.out_channels, w, g.patch(),
+             result_.data(), ld, dcols_.data(), ld, 0.0f);
+        col2im(dcols_.data(), dx + c0 * in_size, m, g, stream());
+      }
+    }
+  }
+
+  // Gradient of the logits is in grad_a_.
+  void backward_device() {
+    upload_dirty();
+    float* dy = grad_a_.data();
+    float* dx = grad_b_.data();
+    const int n = to_int(batch_);
+    cudaStream_t s = stream();
+    for (std::size_t i = ops_.size(); i-- > 0;) {
+      const Op& op = ops_[i];
+      const LayerSpec& l = *op.layer;
+      const float* x = i == 0 ? input_.data() : out_ptrs_[i - 1];
+      const float* y = out_ptrs_[i];
+      float* want_dx = i == 0 ? nullptr : dx;
+      const float* w = params_.data() + l.weight_offset;
+      float* dw = grads_.data() + l.weight_offset;
+      float* db = grads_.data() + l.bias_offset;
+      const std::size_t count = batch_ * op.out_size;
+      switch (l.kind) {
+        case LayerKind::kLinear:
+          if (op.relu) relu_backward(y, dy, dy, count, s);
+          gemm(blas_->get(), true, false, to_int(l.out), to_int(l.in), n, dy, to_int(l.out), x,
+               to_int(l.in), dw, to_int(l.in), 0.0f);
+          column_sums(dy, db, n, to_int(l.out), s);
+          if (want_dx != nullptr) {
+            gemm(blas_->get(), false, false, n, to_int(l.in), to_int(l.out), dy, to_int(l.out), w,
+                 to_int(l.in), want_dx, to_int(l.in), 0.0f);
+          }
+          break;
+        case LayerKind::kConv2d:
+          conv_backward(op, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, batch_);
+          break;
+        case LayerKind::kRelu:
+          if (want_dx != nullptr) relu_backward(y, dy, want_dx, count, s);
+          break;
+        case LayerKind::kMaxPool2d:
+          if (want_dx != nullptr) maxpool_backward(dy, argmax_[i].data(), want_dx, n, op.pool, s);
+          break;
+        case LayerKind::kDropout:
+          if (want_dx == nullptr) break;
+          if (l.drop_probability > 0.0f) {
+            dropout_backward(dy, masks_[i].data(), want_dx, count, s);
+          } else {
+            COHORT_CUDA_CHECK(cudaMemcpyAsync(want_dx, dy, count * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, s));
+          }
+          break;
+        case LayerKind::kFlatten:
+          break;
+      }
+      std::swap(dx, dy);
+    }
+    grads_host_valid_ = false;
+  }
+
+  void step_device() {
+    const OptimizerOptions& o = *optimizer_;
+    const std::size_t count = parameter_count();
+    if (count == 0) return;
+    const std::uint64_t t = ++optimizer_steps_;
+    if (o.kind == OptimizerKind::kSgd) {
+      sgd_step(params_.data(), grads_.data(), o.momentum > 0.0f ? optimizer_state_.data() : nullptr,
+               count, {o.learning_rate, o.momentum, o.weight_decay, o.nesterov}, stream());
+    } else {
+      // Host-side scalars exactly as adam_step() in optimizer.cc computes them.
+      const double td = static_cast<double>(t);
+      const bool decoupled = o.kind == OptimizerKind::kAdamW;
+      const AdamArgs args{
+          .step_size = static_cast<float>(o.learning_rate /
+                                          (1.0 - std::pow(static_cast<double>(o.beta1), td))),
+          .inv_sqrt_bc2 = static_cast<float>(
+              1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td))),
+          .beta1 = o.beta1,
+          .beta2 = o.beta2,
+          .epsilon = o.epsilon,
+          .l2 = decoupled ? 0.0f : o.weight_decay,
+          .shrink = decoupled ? 1.0f - o.learning_rate * o.weight_decay : 1.0f};
+      adam_step(params_.data(), grads_.data(), optimizer_state_.data(),
+                optimizer_state_.data() + count, count, args, stream());
+    }
+    params_host_valid_ = false;
+  }
+
+  int ordinal_;
+  std::unique_ptr<Stream> stream_;       // created after selecting the device
+  std::unique_ptr<CublasHandle> blas_;   // bound to stream_
+  std::vector<Op> ops_;
+
+  DeviceBuffer<float> params_, grads_, optimizer_state_;
+  // Host mirrors (see the coherence contract in network.h).
+  FloatBuffer params_host_, grads_host_;
+  bool params_host_valid_ = true, params_host_dirty_ = false;
+  bool grads_host_valid_ = true, grads_host_dirty_ = false;
+
+  std::size_t capacity_ = 0;
+  DeviceBuffer<float> input_;
+  std::vector<DeviceBuffer<float>> outputs_, masks_;
+  std::vector<DeviceBuffer<std::int32_t>> argmax_;
+  DeviceBuffer<float> grad_a_, grad_b_, cols_, dcols_, result_, losses_;
+  DeviceBuffer<std::int32_t> labels_;
+  FloatBuffer logits_host_, losses_host_;
+
+  std::vector<const float*> out_ptrs_;
+  std::size_t batch_ = 0;
+  bool trained_forward_ = false;
+  std::uint64_t seed_ = 0;
+  std::uint64_t dropout_calls_ = 0;
+
+  std::optional<OptimizerOptions> optimizer_;
+  std::uint64_t optimizer_steps_ = 0;
+};
+
+}  // namespace
+
+int device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later calls are not poisoned
+    return 0;
+  }
+  return count;
+}
+
+std::string describe(int ordinal) {
+  cudaDeviceProp prop{};
+  COHORT_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  const double gib = static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0);
+  return "cuda:" + std::to_string(ordinal) + " " + prop.name + " (sm_" +
+         std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+         std::to_string(static_cast<int>(std::lround(gib))) + " GiB)";
+}
+
+std::unique_ptr<Network> make_cuda_network(const NetworkSpec& spec, int ordinal) {
+  return std::make_unique<CudaNetwork>(spec, ordinal);
+}
+
+}  // namespace cohort::kernels::cuda

@@ -1,0 +1,22 @@
+// Classification loss on the host: softmax cross-entropy over logits, and argmax accuracy.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace cohort::kernels {
+
+// Mean over the batch of -log softmax(logits[i])[labels[i]], computed stably (max subtracted,
+// log-sum-exp in double). logits: batch x classes row-major with batch = labels.size().
+// If dlogits is not empty it receives d(mean loss)/d(logits) = (softmax - onehot) / batch, same
+// layout; it may alias logits. Throws KernelError on mismatched sizes, classes == 0 or a label
+// outside [0, classes).
+float softmax_cross_entropy(std::span<const float> logits, std::span<const std::int32_t> labels,
+                            std::size_t classes, std::span<float> dlogits = {});
+
+// Number of rows whose largest logit (first one on ties) is at the label's index.
+std::size_t count_correct(std::span<const float> logits, std::span<const std::int32_t> labels,
+                          std::size_t classes);
+
+}  // namespace cohort::kernels
