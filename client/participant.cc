@@ -164,7 +164,8 @@ class Participant {
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(w.heartbeat_ms, 100));
     if (!net_ || w.model_spec != model_spec_) {
       model_spec_ = w.model_spec;
-      const auto spec = kernels::make_network_spec(w.model_spec);
+      spec_ = kernels::make_network_spec(w.model_spec);
+      const auto& spec = spec_;
       if (spec.parameter_count() != w.model_size) {
         throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
                             " parameters, " + w.model_spec + " has " + std::to_string(spec.parameter_count()));
@@ -358,6 +359,7 @@ class Participant {
   std::string model_spec_;
   TrainerOptions options_;
   std::unique_ptr<kernels::Device> device_;
+  kernels::NetworkSpec spec_;  // outlives net_, which refers to it
   std::unique_ptr<kernels::Network> net_;
   std::optional<LocalTrainer> trainer_;
   FloatBuffer global_, delta_;

@@ -5,12 +5,13 @@
 #include <cmath>
 #include <vector>
 
-#include "cohort/client/model.h"
+#include "cohort/kernels/model_zoo.h"
 #include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
 #include "cohort/kernels/device.h"
 
 namespace cohort::client {
+using kernels::make_network_spec;
 namespace {
 
 Dataset noisy_blobs(std::size_t n) {

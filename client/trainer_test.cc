@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "cohort/client/idx.h"
-#include "cohort/client/model.h"
+#include "cohort/kernels/model_zoo.h"
 #include "cohort/client/random.h"
 #include "cohort/core/error.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
 
 namespace cohort::client {
+using kernels::make_network_spec;
 namespace {
 
 // Two Gaussian blobs in 8 dimensions, classes 0 and 1, centres at -1 and +1 on every axis.

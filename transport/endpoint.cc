@@ -963,6 +963,27 @@ std::optional<Message> Endpoint::receive(std::chrono::milliseconds timeout) {
   return m;
 }
 
+int Endpoint::poll(std::span<Endpoint* const> endpoints, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<zmq::pollitem_t> items;
+  for (;;) {
+    // Drain what the sockets already hold into the inboxes (handshakes happen here too).
+    for (std::size_t i = 0; i < endpoints.size(); ++i) {
+      Impl& e = *endpoints[i]->impl_;
+      if (e.inbox.empty()) e.pump(std::chrono::milliseconds(0), [] { return false; });
+      if (!e.inbox.empty()) return static_cast<int>(i);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return -1;
+    items.clear();
+    for (Endpoint* ep : endpoints) {
+      items.push_back({ep->impl_->socket.handle(), 0, ZMQ_POLLIN, 0});
+      if (ep->impl_->monitor) items.push_back({ep->impl_->monitor.handle(), 0, ZMQ_POLLIN, 0});
+    }
+    zmq::poll(items.data(), items.size(), std::min(left, std::chrono::milliseconds(250)));
+  }
+}
+
 void Endpoint::wait_ready(std::chrono::milliseconds timeout) { impl_->wait_ready(timeout); }
 bool Endpoint::is_ready() const { return impl_->is_ready(); }
 

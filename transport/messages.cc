@@ -46,6 +46,8 @@ struct Writer {
     r.setDevice(m.device);
     r.setListenUrl(m.listen_url);
     r.setResumeToken(m.resume_token);
+    r.setShardIndex(m.shard_index);
+    r.setPartition(m.partition);
   }
   void operator()(const Welcome& m) {
     auto w = b.initWelcome();
@@ -79,6 +81,8 @@ struct Writer {
     r.setLearningRate(m.learning_rate);
     r.setModelVersion(m.model_version);
     r.setEvaluateOnly(m.evaluate_only);
+    r.setMode(static_cast<wire::TrainingMode>(m.mode));
+    r.setBatchSize(m.batch_size);
   }
   void operator()(const Pull& m) {
     auto p = b.initPull();
@@ -145,6 +149,29 @@ struct Writer {
     a.setElements(m.elements);
   }
   void operator()(const Bye& m) { b.initBye().setReason(m.reason); }
+  void operator()(const RoundClose& m) {
+    auto r = b.initRoundClose();
+    r.setRound(m.round);
+    r.setCommit(m.commit);
+    r.setClients(m.clients);
+  }
+  void operator()(const ClientReport& m) {
+    auto r = b.initReport();
+    r.setRound(m.round);
+    r.setTrained(m.trained);
+    r.setNumSamples(m.num_samples);
+    r.setTrainLoss(m.train_loss);
+    r.setTrainSeconds(m.train_seconds);
+    r.setCommSeconds(m.comm_seconds);
+    r.setBytesSent(m.bytes_sent);
+    r.setBytesReceived(m.bytes_received);
+    r.setEvaluated(m.evaluated);
+    r.setEvalLoss(m.eval_loss);
+    r.setEvalAccuracy(m.eval_accuracy);
+    r.setEvalCount(m.eval_count);
+    r.setModelVersion(m.model_version);
+    r.setMessage(m.message);
+  }
 };
 
 Body read_body(wire::Envelope::Body::Reader b) {
@@ -153,7 +180,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
       auto r = b.getRegister();
       return Register{checked_enum<Role>(static_cast<std::uint16_t>(r.getRole()), 4, "role"),
                       r.getDatasetSize(), text(r.getDevice(), "device"),
-                      text(r.getListenUrl(), "listenUrl"), r.getResumeToken()};
+                      text(r.getListenUrl(), "listenUrl"), r.getResumeToken(),
+                      r.getShardIndex(), text(r.getPartition(), "partition")};
     }
     case wire::Envelope::Body::WELCOME: {
       auto w = b.getWelcome();
@@ -177,8 +205,11 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::ROUND_START: {
       auto r = b.getRoundStart();
-      return RoundStart{r.getRound(), r.getDeadlineMs(), r.getLocalEpochs(), r.getLocalSteps(),
-                        r.getLearningRate(), r.getModelVersion(), r.getEvaluateOnly()};
+      return RoundStart{r.getRound(),        r.getDeadlineMs(),    r.getLocalEpochs(),
+                        r.getLocalSteps(),   r.getLearningRate(),  r.getModelVersion(),
+                        r.getEvaluateOnly(),
+                        checked_enum<TrainingMode>(static_cast<std::uint16_t>(r.getMode()), 3, "mode"),
+                        r.getBatchSize()};
     }
     case wire::Envelope::Body::PULL: {
       auto p = b.getPull();
@@ -229,6 +260,18 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::BYE:
       return Bye{text(b.getBye().getReason(), "reason")};
+    case wire::Envelope::Body::ROUND_CLOSE: {
+      auto r = b.getRoundClose();
+      return RoundClose{r.getRound(), r.getCommit(), r.getClients()};
+    }
+    case wire::Envelope::Body::REPORT: {
+      auto r = b.getReport();
+      return ClientReport{r.getRound(),         r.getTrained(),      r.getNumSamples(),
+                          r.getTrainLoss(),     r.getTrainSeconds(), r.getCommSeconds(),
+                          r.getBytesSent(),     r.getBytesReceived(), r.getEvaluated(),
+                          r.getEvalLoss(),      r.getEvalAccuracy(), r.getEvalCount(),
+                          r.getModelVersion(),  text(r.getMessage(), "message")};
+    }
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");
 }
@@ -238,7 +281,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
 std::string_view body_name(const Body& body) {
   static constexpr std::string_view kNames[] = {
       "register", "welcome", "heartbeat", "roundStart", "pull",      "pullReply", "push",
-      "pushAck",  "chunk",   "error",     "gossip",     "allreduce", "bye"};
+      "pushAck",  "chunk",   "error",     "gossip",     "allreduce", "bye",       "roundClose",
+      "report"};
   return kNames[body.index()];
 }
 

@@ -19,7 +19,7 @@
 
 #include "cohort/client/dataset.h"
 #include "cohort/client/idx.h"
-#include "cohort/client/model.h"
+#include "cohort/kernels/model_zoo.h"
 #include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
@@ -80,7 +80,7 @@ void bench_one(const Options& options, const Dataset& data, const std::string& d
                const std::string& model, std::size_t threads) {
   auto device = cohort::kernels::make_device("cpu", {.threads = threads});
   // The spec outlives the network: a Network may refer to it.
-  const auto spec = cohort::client::make_network_spec(model_specs().at(model),
+  const auto spec = cohort::kernels::make_network_spec(model_specs().at(model),
                                                       {.input = data.shape(), .classes = 10});
   auto net = device->make_network(spec);
   net->init(1);

@@ -38,6 +38,8 @@ struct Envelope {
     gossip @16 :GossipExchange;
     allreduce @17 :AllreduceChunk;
     bye @18 :Bye;
+    roundClose @19 :RoundClose;
+    report @20 :ClientReport;
   }
 }
 
@@ -69,6 +71,8 @@ struct Register {
   device @2 :Text;          # "cpu" or "cuda:0"
   listenUrl @3 :Text;       # decentralized peers: where neighbours reach this node
   resumeToken @4 :UInt64;   # non-zero when re-registering after a reconnect
+  shardIndex @5 :UInt32;    # role shard: which shard this is
+  partition @6 :Text;       # role client: the data partition it holds, e.g. "dirichlet:0.5 3/10"
 }
 
 # Where one shard lives and which range of the flat parameter vector it owns.
@@ -106,6 +110,14 @@ struct RoundStart {
   learningRate @4 :Float32;
   modelVersion @5 :UInt64;  # pull at least this version
   evaluateOnly @6 :Bool;    # evaluate the current model, do not train
+  mode @7 :TrainingMode;
+  batchSize @8 :UInt32;     # data-parallel: examples per step
+}
+
+enum TrainingMode {
+  federated @0;     # train E epochs, push the delta, report
+  dataParallel @1;  # push a gradient per step, pull weights per step (BSP/ASP/SSP)
+  buffered @2;      # FedBuff: as federated, but the server steps every K updates
 }
 
 # Client -> shard: send me parameters [begin, end) at version >= minVersion.
@@ -200,4 +212,30 @@ struct AllreduceChunk {
 # Orderly leave.
 struct Bye {
   reason @0 :Text;
+}
+
+# Coordinator -> shards: round `round` is over. commit: fold in what arrived and step the model;
+# otherwise discard it (too few clients by the deadline) and keep the model as it was.
+struct RoundClose {
+  round @0 :UInt64;
+  commit @1 :Bool;
+  clients @2 :UInt32;       # how many clients the coordinator counted as complete
+}
+
+# Client -> coordinator: what one round (or one evaluation) did.
+struct ClientReport {
+  round @0 :UInt64;
+  trained @1 :Bool;         # pushed a complete update to every shard
+  numSamples @2 :UInt64;
+  trainLoss @3 :Float32;
+  trainSeconds @4 :Float32; # local computation
+  commSeconds @5 :Float32;  # pulling and pushing
+  bytesSent @6 :UInt64;
+  bytesReceived @7 :UInt64;
+  evaluated @8 :Bool;       # carries a test-set evaluation of the pulled model
+  evalLoss @9 :Float32;
+  evalAccuracy @10 :Float32;
+  evalCount @11 :UInt64;
+  modelVersion @12 :UInt64; # version that was trained on or evaluated
+  message @13 :Text;        # why training failed, if it did
 }

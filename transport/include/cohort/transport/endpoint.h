@@ -147,6 +147,10 @@ class Endpoint {
   // The authenticated node id behind a ROUTER's peer handle, if that peer is connected.
   [[nodiscard]] std::optional<NodeId> peer_id(const PeerHandle& peer) const;
 
+  // Waits up to `timeout` until one of `endpoints` has a message (or chunk) ready and returns its
+  // index, or -1 on timeout; then call receive(0ms) on it. All must be owned by this thread.
+  static int poll(std::span<Endpoint* const> endpoints, std::chrono::milliseconds timeout);
+
   [[nodiscard]] EndpointStats stats() const;
   [[nodiscard]] const std::shared_ptr<BufferPool>& buffers() const;
 

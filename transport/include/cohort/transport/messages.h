@@ -26,6 +26,7 @@ enum class Encoding : std::uint8_t {
   kDenseF32, kDenseF16, kDenseBf16, kInt8, kQsgd, kTopK, kRandomK, kSign, kPowerSgd
 };
 enum class PushKind : std::uint8_t { kDelta, kGradient };
+enum class TrainingMode : std::uint8_t { kFederated, kDataParallel, kBuffered };
 enum class ErrorCode : std::uint8_t {
   kMalformed, kVersionMismatch, kUnauthorized, kUnknownNode, kBadRange, kTooLarge, kLateOrStale,
   kInternal, kShuttingDown
@@ -37,6 +38,8 @@ struct Register {
   std::string device;
   std::string listen_url;
   std::uint64_t resume_token = 0;
+  std::uint32_t shard_index = 0;
+  std::string partition;
   bool operator==(const Register&) const = default;
 };
 struct ShardInfo {
@@ -70,6 +73,8 @@ struct RoundStart {
   float learning_rate = 0;
   std::uint64_t model_version = 0;
   bool evaluate_only = false;
+  TrainingMode mode = TrainingMode::kFederated;
+  std::uint32_t batch_size = 0;
   bool operator==(const RoundStart&) const = default;
 };
 struct Pull {
@@ -141,8 +146,33 @@ struct Bye {
   bool operator==(const Bye&) const = default;
 };
 
+struct RoundClose {
+  std::uint64_t round = 0;
+  bool commit = false;
+  std::uint32_t clients = 0;
+  bool operator==(const RoundClose&) const = default;
+};
+struct ClientReport {
+  std::uint64_t round = 0;
+  bool trained = false;
+  std::uint64_t num_samples = 0;
+  float train_loss = 0;
+  float train_seconds = 0;
+  float comm_seconds = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  bool evaluated = false;
+  float eval_loss = 0;
+  float eval_accuracy = 0;
+  std::uint64_t eval_count = 0;
+  std::uint64_t model_version = 0;
+  std::string message;
+  bool operator==(const ClientReport&) const = default;
+};
+
 using Body = std::variant<Register, Welcome, Heartbeat, RoundStart, Pull, PullReply, Push, PushAck,
-                          ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye>;
+                          ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye, RoundClose,
+                          ClientReport>;
 
 // The name of a body's type as the schema spells it ("push", "pullReply", ...), for logs.
 std::string_view body_name(const Body& body);

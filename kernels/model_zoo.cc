@@ -1,15 +1,15 @@
-#include "cohort/client/model.h"
+#include "cohort/kernels/model_zoo.h"
 
 #include <charconv>
 #include <vector>
 
 #include "cohort/core/error.h"
 
-namespace cohort::client {
+namespace cohort::kernels {
 namespace {
 
-using kernels::NetworkSpec;
-using kernels::Shape;
+
+
 
 [[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
   throw ConfigError("model spec '" + std::string(spec) + "': " + why +
@@ -111,4 +111,4 @@ NetworkSpec make_network_spec(std::string_view spec, const ModelOptions& options
   bad_spec(spec, "unknown model");
 }
 
-}  // namespace cohort::client
+}  // namespace cohort::kernels

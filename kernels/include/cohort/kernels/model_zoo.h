@@ -27,20 +27,20 @@
 
 #include "cohort/kernels/network.h"
 
-namespace cohort::client {
+namespace cohort::kernels {
 
 struct ModelOptions {
   // Per-example input shape; empty means the spec's own (mlp: its first width, as (W, 1, 1)).
-  std::optional<kernels::Shape> input;
+  std::optional<Shape> input;
   // Logits; 0 means the spec's own (mlp: its last width; CNNs: 10).
   std::size_t classes = 0;
 };
 
 // Throws ConfigError for an unknown spec (listing the known ones), a malformed width list, or an
 // input shape the network cannot take (e.g. an mlp whose first width is not the input size).
-kernels::NetworkSpec make_network_spec(std::string_view spec, const ModelOptions& options = {});
+NetworkSpec make_network_spec(std::string_view spec, const ModelOptions& options = {});
 
 // The spec strings make_network_spec() knows, for help text: "mlp:W0-W1-...-Wn", "cnn:lenet5", ...
 std::string known_model_specs();
 
-}  // namespace cohort::client
+}  // namespace cohort::kernels

@@ -1,4 +1,4 @@
-#include "cohort/client/model.h"
+#include "cohort/kernels/model_zoo.h"
 
 #include <doctest/doctest.h>
 
@@ -7,7 +7,7 @@
 
 #include "cohort/core/error.h"
 
-namespace cohort::client {
+namespace cohort::kernels {
 namespace {
 
 TEST_CASE("model specs produce the published parameter counts") {
@@ -64,4 +64,4 @@ TEST_CASE("bad model specs are ConfigErrors listing the known ones") {
 }
 
 }  // namespace
-}  // namespace cohort::client
+}  // namespace cohort::kernels

@@ -1,0 +1,30 @@
+// The parameter server: one shard of the flat parameter vector per process, and on shard 0 the
+// coordinator of the federation (membership, rounds, deadlines, evaluation, metrics).
+//
+// Embedding: a user's own program builds the registries (adding its own rules) and calls run():
+//
+//   auto registries = cohort::builtin_registries();
+//   registries.aggregators.add("my_rule", [](const cohort::ConfigSection&) { ... });
+//   auto config = cohort::Config::load(cohort::server::config_schema(), "server.toml");
+//   return cohort::server::run(config, registries);
+//
+// Thread-safety: run() owns its sockets and threads; call it once per process (or per thread
+// with distinct ports). Throws ConfigError for a bad configuration before anything starts.
+#pragma once
+
+#include <atomic>
+
+#include "cohort/aggregation/registries.h"
+#include "cohort/core/config.h"
+
+namespace cohort::server {
+
+// Every key cohort-server accepts, with defaults and help.
+ConfigSchema config_schema();
+
+// Runs this shard until the federation has finished its rounds (shard 0 then tells everyone to
+// leave) or `stop` becomes true (SIGTERM: a final checkpoint is written). Returns the process
+// exit code: 0 when training completed, 1 on a fatal error, 0 after a requested stop.
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop);
+
+}  // namespace cohort::server

@@ -1,0 +1,924 @@
+#include "cohort/server/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/metrics.h"
+#include "cohort/kernels/network.h"
+#include "cohort/server/checkpoint.h"
+#include "cohort/transport/endpoint.h"
+#include "cohort/kernels/model_zoo.h"
+
+namespace cohort::server {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Endpoint;
+using transport::Envelope;
+using transport::Message;
+using transport::PeerHandle;
+using Clock = std::chrono::steady_clock;
+
+std::span<const std::byte> as_bytes(std::span<const float> f) { return std::as_bytes(f); }
+
+std::string port_of(const std::string& url) { return url.substr(url.rfind(':') + 1); }
+
+void write_port_file(const std::string& path, const std::string& url) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw ConfigError("cannot write server.port_file " + path);
+    out << port_of(url) << '\n';
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// Contiguous ranges of [0, size) for `shards` shards, balanced by bytes (equal element counts,
+// the remainder spread over the first shards).
+std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uint32_t shards,
+                                                    std::uint32_t index) {
+  const std::uint64_t base = size / shards, extra = size % shards;
+  const std::uint64_t begin = index * base + std::min<std::uint64_t>(index, extra);
+  return {begin, begin + base + (index < extra ? 1 : 0)};
+}
+
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shard: owns [begin, end) of the flat parameter vector, serves pulls, folds pushes in.
+
+class Shard {
+ public:
+  Shard(const Config& config, const Registries& registries, std::uint32_t index,
+        std::uint32_t shards)
+      : config_(config), registries_(registries), index_(index), shards_(shards) {
+    const auto dir = config.get_string("server.checkpoint_dir");
+    if (!dir.empty()) store_.emplace(dir, "shard-" + std::to_string(index));
+  }
+
+  // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.
+  void setup(const std::string& model_spec, std::uint64_t model_size) {
+    auto [b, e] = shard_range(model_size, shards_, index_);
+    begin_ = b;
+    end_ = e;
+    model_spec_ = model_spec;
+    aggregator_ = registries_.aggregators.create(
+        config_.section("aggregator").get_string("name", "fedavg"), config_.section("aggregator"));
+    optimizer_ = registries_.server_optimizers.create(
+        config_.section("server_optimizer").get_string("name", "sgd"),
+        config_.section("server_optimizer"));
+    optimizer_->reset(size());
+    delta_ = FloatBuffer(size());
+    if (store_) {
+      std::vector<std::string> skipped;
+      auto state = store_->load_latest(&skipped);
+      for (const auto& s : skipped) COHORT_LOG(Warn) << "shard " << index_ << ": skipped " << s;
+      if (state) {
+        if (state->begin != begin_ || state->end != end_ || state->model_spec != model_spec) {
+          throw ConfigError("checkpoint in " + config_.get_string("server.checkpoint_dir") +
+                            " is for another model or shard layout (" + state->model_spec + ")");
+        }
+        params_ = std::move(state->params);
+        version_ = state->version;
+        last_closed_ = state->round;
+        for (auto& [name, buf] : state->optimizer_state) {
+          for (auto& [slot, span] : optimizer_->state()) {
+            if (slot == name && span.size() == buf.size()) std::copy(buf.begin(), buf.end(), span.begin());
+          }
+        }
+        COHORT_LOG(Info) << "shard " << index_ << ": resumed from checkpoint at round "
+                         << last_closed_ << " (version " << version_ << ")";
+        return;
+      }
+    }
+    FloatBuffer full(model_size);
+    kernels::make_network_spec(model_spec).initialize(
+        static_cast<std::uint64_t>(config_.get_int("model.seed")), full.span());
+    params_ = FloatBuffer(full.span().subspan(begin_, size()));
+    COHORT_LOG(Info) << "shard " << index_ << ": owns [" << begin_ << ", " << end_ << ") of "
+                     << model_size << " parameters";
+  }
+
+  [[nodiscard]] bool ready() const { return !params_.empty() || size() == 0; }
+  [[nodiscard]] std::uint64_t begin() const { return begin_; }
+  [[nodiscard]] std::uint64_t end() const { return end_; }
+  [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(end_ - begin_); }
+  [[nodiscard]] std::uint64_t version() const { return version_; }
+  [[nodiscard]] std::uint64_t last_closed() const { return last_closed_; }
+
+  // Handles a pull or push message; returns true if it was one.
+  bool handle(Endpoint& ep, Message& m) {
+    if (auto* p = std::get_if<transport::Pull>(&m.envelope.body)) {
+      on_pull(ep, m, *p);
+      return true;
+    }
+    if (auto* p = std::get_if<transport::Push>(&m.envelope.body)) {
+      on_push_chunk(ep, m, *p);
+      return true;
+    }
+    return false;
+  }
+
+  // Round r is over: fold in (commit) or throw away what arrived. Returns the new version.
+  std::uint64_t close_round(std::uint64_t round, bool commit) {
+    if (round <= last_closed_) return version_;  // repeated close (coordinator retry)
+    if (open_round_ == round && commit && aggregator_->finish_round(delta_.span())) {
+      optimizer_->apply_delta(params_.span(), delta_.span());
+      ++version_;
+    }
+    committed_ += commit ? 1 : 0;
+    last_closed_ = round;
+    open_round_ = 0;
+    transfers_.clear();
+    pushed_.clear();
+    if (store_ && commit) {
+      const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
+      if (committed_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
+    }
+    return version_;
+  }
+
+  void checkpoint() {
+    if (!store_ || params_.empty()) return;
+    ShardState s;
+    s.shard = index_;
+    s.shards = shards_;
+    s.begin = begin_;
+    s.end = end_;
+    s.round = last_closed_;
+    s.version = version_;
+    s.model_spec = model_spec_;
+    s.params = params_.clone();
+    for (auto& [name, span] : optimizer_->state()) s.optimizer_state.emplace_back(name, FloatBuffer(span));
+    try {
+      store_->save(s);
+    } catch (const DataError& e) {
+      COHORT_LOG(Error) << "checkpoint failed, the previous one stays: " << e.what();
+    }
+  }
+
+ private:
+  struct Transfer {
+    bool rejected = false;
+    ClientId client = 0;
+  };
+
+  void reply_ack(Endpoint& ep, const Message& m, bool ok, std::string reason) {
+    Envelope e;
+    e.round = m.envelope.round;
+    e.body = transport::PushAck{ok, std::move(reason), version_};
+    ep.send(m.peer, std::move(e));
+  }
+
+  void on_pull(Endpoint& ep, const Message& m, const transport::Pull& p) {
+    if (p.begin < begin_ || p.end > end_ || p.begin > p.end) {
+      Envelope e;
+      e.body = transport::ErrorBody{transport::ErrorCode::kBadRange,
+                                    "shard " + std::to_string(index_) + " owns [" +
+                                        std::to_string(begin_) + ", " + std::to_string(end_) + ")",
+                                    m.envelope.seq};
+      ep.send(m.peer, std::move(e));
+      return;
+    }
+    Envelope e;
+    e.round = m.envelope.round;
+    e.body = transport::PullReply{index_, p.begin, p.end, version_, transport::Encoding::kDenseF32};
+    auto slice = params_.span().subspan(p.begin - begin_, p.end - p.begin);
+    ep.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), nullptr});
+  }
+
+  void on_push_chunk(Endpoint& ep, Message& m, const transport::Push& p) {
+    const std::uint64_t key_seq = m.envelope.seq;
+    const std::string key = m.sender + "#" + std::to_string(key_seq);
+    auto it = transfers_.find(key);
+    if (m.offset == 0 && it == transfers_.end()) {
+      Transfer t;
+      t.client = client_id(m.sender);
+      std::string why;
+      const std::uint64_t round = m.envelope.round;
+      if (p.kind != transport::PushKind::kDelta) why = "this server runs federated rounds; send deltas";
+      else if (p.encoding != transport::Encoding::kDenseF32) why = "unsupported encoding";
+      else if (p.shard != index_ || p.begin != begin_ || p.end != end_) why = "wrong shard range";
+      else if (m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (round <= last_closed_) why = "round " + std::to_string(round) + " is closed (late push)";
+      else if (open_round_ != 0 && round != open_round_) why = "push for another round";
+      else if (pushed_.contains(m.sender)) why = "duplicate push for this round";
+      else if (p.num_samples == 0) why = "zero samples";
+      if (!why.empty()) {
+        t.rejected = true;
+        reply_ack(ep, m, false, why);
+        COHORT_LOG(Info) << "shard " << index_ << ": refused push from " << m.sender << ": " << why;
+      } else {
+        if (open_round_ == 0) {
+          open_round_ = round;
+          aggregator_->begin_round(round, size());
+        }
+        pushed_.insert(m.sender);
+      }
+      it = transfers_.emplace(key, t).first;
+    }
+    if (it == transfers_.end() || it->second.rejected) return;
+    Transfer& t = it->second;
+    const auto bytes = m.payload.span();
+    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
+      t.rejected = true;
+      aggregator_->end_update(t.client, false);
+      reply_ack(ep, m, false, "misaligned chunk");
+      return;
+    }
+    std::span<const float> values(reinterpret_cast<const float*>(bytes.data()),
+                                  bytes.size() / sizeof(float));
+    const auto verdict = aggregator_->accept(
+        {t.client, static_cast<std::size_t>(m.offset / sizeof(float)), values,
+         static_cast<double>(p.num_samples)});
+    if (verdict == aggregation::Verdict::kRejected) {
+      t.rejected = true;
+      aggregator_->end_update(t.client, false);
+      reply_ack(ep, m, false, "update refused (non-finite values or bad shape)");
+      COHORT_LOG(Warn) << "shard " << index_ << ": refused the update of " << m.sender
+                       << " (non-finite values or bad shape)";
+      return;
+    }
+    if (m.complete) {
+      aggregator_->end_update(t.client, true);
+      reply_ack(ep, m, true, "");
+    }
+  }
+
+  ClientId client_id(const NodeId& id) {
+    auto [it, fresh] = client_ids_.try_emplace(id, static_cast<ClientId>(client_ids_.size()));
+    return it->second;
+  }
+
+  const Config& config_;
+  const Registries& registries_;
+  std::uint32_t index_, shards_;
+  std::uint64_t begin_ = 0, end_ = 0;
+  std::string model_spec_;
+  FloatBuffer params_;
+  FloatBuffer delta_;
+  std::uint64_t version_ = 0;
+  std::uint64_t committed_ = 0;
+  std::uint64_t open_round_ = 0;
+  std::uint64_t last_closed_ = 0;
+  std::unique_ptr<aggregation::Aggregator> aggregator_;
+  std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
+  std::unordered_map<std::string, Transfer> transfers_;
+  std::set<NodeId> pushed_;
+  std::unordered_map<NodeId, ClientId> client_ids_;
+  std::optional<CheckpointStore> store_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The coordinator (shard 0): membership, the round state machine, evaluation and metrics.
+
+class Coordinator {
+ public:
+  Coordinator(const Config& config, Shard& local, Endpoint& ep, const NodeId& name)
+      : config_(config), local_(local), ep_(ep), metrics_(config.get_string("server.metrics_file")),
+        rng_(static_cast<std::uint64_t>(config.get_int("server.seed"))) {
+    shards_.resize(static_cast<std::size_t>(config.get_int("server.shards")));
+    shards_[0] = {true, "", ep.url(), name, true};
+    rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
+    per_round_ = static_cast<std::size_t>(config.get_int("server.clients_per_round"));
+    min_clients_ = static_cast<std::size_t>(config.get_int("server.min_clients"));
+    deadline_ = std::chrono::milliseconds(config.get_int("server.round_deadline_ms"));
+    eval_every_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.eval_every")));
+    overselect_ = config.get_double("server.overselect");
+    weighted_ = config.get_string("server.selection") == "weighted";
+    model_spec_ = config.get_string("model.spec");
+    model_size_ = kernels::make_network_spec(model_spec_).parameter_count();
+    round_ = local.last_closed();
+    committed_ = local.version();
+    started_ = Clock::now();
+  }
+
+  [[nodiscard]] bool finished() const { return finished_; }
+
+  // Returns true if the message was the coordinator's.
+  bool handle(Message& m) {
+    if (auto* r = std::get_if<transport::Register>(&m.envelope.body)) {
+      on_register(m, *r);
+      return true;
+    }
+    if (auto* r = std::get_if<transport::ClientReport>(&m.envelope.body)) {
+      touch(m);
+      on_report(m, *r);
+      return true;
+    }
+    if (auto* a = std::get_if<transport::PushAck>(&m.envelope.body)) {
+      on_shard_ack(m, *a);
+      return true;
+    }
+    if (std::holds_alternative<transport::Heartbeat>(m.envelope.body)) {
+      touch(m);
+      return true;
+    }
+    if (std::holds_alternative<transport::Bye>(m.envelope.body)) {
+      clients_.erase(m.sender);
+      return true;
+    }
+    return false;
+  }
+
+  void tick() {
+    const auto now = Clock::now();
+    if (finished_) return;
+    if (state_ == State::kIdle && all_shards_up() && committed_ >= rounds_) {
+      finish();
+      return;
+    }
+    if (state_ == State::kIdle && all_shards_up() && live_clients() >= min_clients_) start_round();
+    if (state_ == State::kRunning) {
+      const std::size_t done = completed_.size();
+      const bool enough = done >= per_round_;
+      const bool all_reported = reported_ >= selected_.size();
+      if (enough || all_reported || now >= round_deadline_) {
+        const bool commit = done >= std::max<std::size_t>(1, min_clients_);
+        if (!commit) {
+          COHORT_LOG(Warn) << "round " << round_ << " closes with " << done
+                           << " complete updates (fewer than server.min_clients = " << min_clients_
+                           << "): discarded, retrying";
+        }
+        close_round(commit);
+      }
+    }
+    if (state_ == State::kClosing && now >= close_retry_) resend_close();
+    // Clients silent for too long leave the pool (their reconnect re-registers them).
+    const auto timeout = std::chrono::milliseconds(config_.get_int("server.client_timeout_ms"));
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if (now - it->second.last_seen > timeout && !selected_.contains(it->first)) {
+        COHORT_LOG(Info) << "client " << it->first << " timed out";
+        it = clients_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (pending_eval_ && now > eval_deadline_) {
+      print_round(pending_eval_round_, std::nullopt);
+      pending_eval_ = false;
+    }
+  }
+
+ private:
+  enum class State { kIdle, kRunning, kClosing };
+  struct ClientInfo {
+    PeerHandle peer;
+    std::uint64_t dataset_size = 0;
+    Clock::time_point last_seen;
+    std::uint32_t index = 0;
+  };
+  struct ShardInfo {
+    bool up = false;
+    PeerHandle peer;
+    std::string url;
+    NodeId node_id;
+    bool closed = false;
+  };
+
+  void touch(const Message& m) {
+    auto it = clients_.find(m.sender);
+    if (it != clients_.end()) {
+      it->second.last_seen = Clock::now();
+      it->second.peer = m.peer;
+    }
+  }
+
+  [[nodiscard]] bool all_shards_up() const {
+    return std::all_of(shards_.begin(), shards_.end(), [](const ShardInfo& s) { return s.up; });
+  }
+  [[nodiscard]] std::size_t live_clients() const { return clients_.size(); }
+
+  transport::Welcome welcome(std::uint32_t index) const {
+    transport::Welcome w;
+    w.client_index = index;
+    w.model_size = model_size_;
+    w.model_spec = model_spec_;
+    w.current_round = round_;
+    w.heartbeat_ms = static_cast<std::uint32_t>(config_.get_int("server.heartbeat_ms"));
+    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+      auto [b, e] = shard_range(model_size_, static_cast<std::uint32_t>(shards_.size()), i);
+      w.shards.push_back({i, shards_[i].url, shards_[i].node_id, b, e});
+    }
+    // Client-side training options travel as TOML, from the server's [train] section.
+    std::ostringstream toml;
+    for (const auto& name : config_.section("train").names()) {
+      toml << name << " = " << to_string_value(config_.section("train"), name) << '\n';
+    }
+    w.training_toml = toml.str();
+    return w;
+  }
+
+  static std::string to_string_value(const ConfigSection& s, const std::string& name) {
+    // Values keep their types: strings quoted, numbers and bools bare.
+    const std::string text = s.get_string(name, "");
+    try {
+      (void)s.get_bool(name, false);
+      return text;
+    } catch (const ConfigError&) {
+    }
+    try {
+      (void)s.get_double(name, 0);
+      return text;
+    } catch (const ConfigError&) {
+    }
+    std::string quoted = "\"";
+    for (char c : text) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    return quoted + "\"";
+  }
+
+  void on_register(const Message& m, const transport::Register& r) {
+    if (r.role == transport::Role::kShard) {
+      if (r.shard_index == 0 || r.shard_index >= shards_.size()) {
+        reply_error(m, "no shard " + std::to_string(r.shard_index) + " in a federation of " +
+                           std::to_string(shards_.size()));
+        return;
+      }
+      auto& s = shards_[r.shard_index];
+      const bool again = s.up;
+      s = {true, m.peer, r.listen_url, m.sender, false};
+      COHORT_LOG(Info) << (again ? "shard re-registered: " : "shard registered: ") << m.sender
+                       << " at " << r.listen_url;
+      Envelope e;
+      e.body = welcome(r.shard_index);
+      ep_.send(m.peer, std::move(e));
+      if (state_ == State::kClosing) resend_close();
+      return;
+    }
+    if (r.role != transport::Role::kClient) {
+      reply_error(m, "only clients and shards may register");
+      return;
+    }
+    if (!all_shards_up()) {
+      // Not yet: the client retries its registration until the shard map is complete.
+      reply_error(m, "waiting for all shards to start");
+      return;
+    }
+    auto [it, fresh] = clients_.try_emplace(m.sender);
+    it->second.peer = m.peer;
+    it->second.dataset_size = r.dataset_size;
+    it->second.last_seen = Clock::now();
+    if (fresh) it->second.index = next_client_index_++;
+    COHORT_LOG(Info) << "client " << (fresh ? "registered: " : "re-registered: ") << m.sender
+                     << " (" << r.dataset_size << " samples, " << r.device << ", " << clients_.size()
+                     << " clients)";
+    Envelope e;
+    e.body = welcome(it->second.index);
+    ep_.send(m.peer, std::move(e));
+  }
+
+  void reply_error(const Message& m, std::string why) {
+    Envelope e;
+    e.body = transport::ErrorBody{transport::ErrorCode::kUnknownNode, std::move(why), m.envelope.seq};
+    ep_.send(m.peer, std::move(e));
+  }
+
+  std::vector<NodeId> select() {
+    std::vector<NodeId> pool;
+    std::vector<double> weights;
+    for (const auto& [id, c] : clients_) {
+      pool.push_back(id);
+      weights.push_back(static_cast<double>(std::max<std::uint64_t>(c.dataset_size, 1)));
+    }
+    std::size_t want = static_cast<std::size_t>(std::ceil(static_cast<double>(per_round_) * overselect_));
+    want = std::min(std::max<std::size_t>(want, 1), pool.size());
+    std::vector<NodeId> out;
+    // Sampling without replacement; weighted by data size when asked.
+    for (std::size_t k = 0; k < want; ++k) {
+      std::size_t pick = 0;
+      if (weighted_) {
+        std::discrete_distribution<std::size_t> d(weights.begin(), weights.end());
+        pick = d(rng_);
+      } else {
+        pick = std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng_);
+      }
+      out.push_back(pool[pick]);
+      pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(pick));
+      weights.erase(weights.begin() + static_cast<std::ptrdiff_t>(pick));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  void start_round() {
+    ++round_;
+    selected_.clear();
+    completed_.clear();
+    reported_ = 0;
+    round_loss_ = 0;
+    round_samples_ = 0;
+    round_bytes_ = 0;
+    round_train_s_ = 0;
+    round_comm_s_ = 0;
+    round_started_ = Clock::now();
+    round_deadline_ = round_started_ + deadline_;
+    const auto chosen = select();
+    transport::RoundStart rs;
+    rs.round = round_;
+    rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
+    rs.local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1));
+    rs.local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0));
+    rs.learning_rate = static_cast<float>(config_.section("train").get_double("lr", 0.05));
+    rs.model_version = local_.version();
+    for (const auto& id : chosen) {
+      Envelope e;
+      e.round = round_;
+      e.body = rs;
+      if (ep_.send(clients_.at(id).peer, std::move(e))) selected_.insert(id);
+    }
+    state_ = State::kRunning;
+    COHORT_LOG(Debug) << "round " << round_ << " started with " << selected_.size() << " clients";
+  }
+
+  void on_report(const Message& m, const transport::ClientReport& r) {
+    if (r.evaluated) {
+      if (pending_eval_ && r.round == pending_eval_round_) {
+        pending_eval_ = false;
+        print_round(r.round, r);
+      }
+      return;
+    }
+    if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
+    ++reported_;
+    round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
+    if (!r.trained) {
+      COHORT_LOG(Info) << "client " << m.sender << " did not finish round " << r.round << ": "
+                       << r.message;
+      return;
+    }
+    completed_.insert(m.sender);
+    round_loss_ += static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples);
+    round_samples_ += r.num_samples;
+    round_train_s_ = std::max(round_train_s_, static_cast<double>(r.train_seconds));
+    round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
+  }
+
+  void close_round(bool commit) {
+    state_ = State::kClosing;
+    closing_commit_ = commit;
+    for (std::size_t i = 1; i < shards_.size(); ++i) shards_[i].closed = false;
+    local_.close_round(round_, commit);
+    resend_close();
+  }
+
+  void resend_close() {
+    close_retry_ = Clock::now() + 2s;
+    bool all = true;
+    for (std::size_t i = 1; i < shards_.size(); ++i) {
+      auto& s = shards_[i];
+      if (s.closed) continue;
+      all = false;
+      if (!s.up) continue;
+      Envelope e;
+      e.round = round_;
+      e.body = transport::RoundClose{round_, closing_commit_, static_cast<std::uint32_t>(completed_.size())};
+      if (!ep_.send(s.peer, std::move(e))) s.up = false;
+    }
+    if (all) round_closed();
+  }
+
+  void on_shard_ack(const Message& m, const transport::PushAck& a) {
+    (void)a;
+    if (state_ != State::kClosing || m.envelope.round != round_) return;
+    for (std::size_t i = 1; i < shards_.size(); ++i) {
+      if (shards_[i].node_id == m.sender) shards_[i].closed = true;
+    }
+    if (std::all_of(shards_.begin() + 1, shards_.end(), [](const ShardInfo& s) { return s.closed; })) {
+      round_closed();
+    }
+  }
+
+  void round_closed() {
+    if (state_ != State::kClosing) return;
+    state_ = State::kIdle;
+    if (!closing_commit_) return;
+    ++committed_;
+    last_round_s_ = std::chrono::duration<double>(Clock::now() - round_started_).count();
+    // Evaluate the new model on one client's copy of the test set.
+    const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
+    if (eval && !clients_.empty()) {
+      auto it = clients_.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
+      transport::RoundStart rs;
+      rs.round = round_;
+      rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
+      rs.model_version = local_.version();
+      rs.evaluate_only = true;
+      Envelope e;
+      e.round = round_;
+      e.body = rs;
+      if (ep_.send(it->second.peer, std::move(e))) {
+        pending_eval_ = true;
+        pending_eval_round_ = round_;
+        pending_eval_committed_ = committed_;
+        eval_deadline_ = Clock::now() + deadline_;
+        pending_round_record_ = current_record();
+        return;
+      }
+    }
+    pending_round_record_ = current_record();
+    pending_eval_committed_ = committed_;
+    print_round(round_, std::nullopt);
+  }
+
+  struct RoundRecord {
+    std::size_t clients = 0, selected = 0;
+    double train_loss = 0, bytes = 0, train_s = 0, comm_s = 0, round_s = 0;
+  };
+  RoundRecord current_record() const {
+    RoundRecord r;
+    r.clients = completed_.size();
+    r.selected = selected_.size();
+    r.train_loss = round_samples_ ? round_loss_ / static_cast<double>(round_samples_) : 0;
+    r.bytes = round_bytes_;
+    r.train_s = round_train_s_;
+    r.comm_s = round_comm_s_;
+    r.round_s = last_round_s_;
+    return r;
+  }
+
+  void print_round(std::uint64_t round, const std::optional<transport::ClientReport>& eval) {
+    const RoundRecord& r = pending_round_record_;
+    total_bytes_ += r.bytes;
+    const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
+    const std::uint64_t done = pending_eval_committed_;
+    const double eta = done > 0 ? elapsed / static_cast<double>(done) *
+                                      static_cast<double>(rounds_ - std::min(done, rounds_))
+                                : 0;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "round %3llu/%llu | clients %zu/%zu | train loss %.4f | test loss %s | "
+                  "accuracy %s | %s | %.1fs (train %.1fs, comm %.1fs) | ETA %.0fs",
+                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(rounds_),
+                  r.clients, r.selected, r.train_loss,
+                  eval ? std::to_string(eval->eval_loss).substr(0, 6).c_str() : "-",
+                  eval ? (std::to_string(eval->eval_accuracy * 100).substr(0, 5) + "%").c_str() : "-",
+                  human_bytes(r.bytes).c_str(), r.round_s, r.train_s, r.comm_s, eta);
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+    std::vector<MetricField> f{{"round", done},
+                               {"round_id", round},
+                               {"clients", static_cast<std::uint64_t>(r.clients)},
+                               {"selected", static_cast<std::uint64_t>(r.selected)},
+                               {"train_loss", r.train_loss},
+                               {"bytes", r.bytes},
+                               {"total_bytes", total_bytes_},
+                               {"round_seconds", r.round_s},
+                               {"train_seconds", r.train_s},
+                               {"comm_seconds", r.comm_s},
+                               {"wall_seconds", elapsed}};
+    if (eval) {
+      f.push_back({"test_loss", static_cast<double>(eval->eval_loss)});
+      f.push_back({"test_accuracy", static_cast<double>(eval->eval_accuracy)});
+      f.push_back({"test_count", eval->eval_count});
+      last_accuracy_ = eval->eval_accuracy;
+    }
+    metrics_.write("round", f);
+  }
+
+  void finish() {
+    if (pending_eval_) return;  // let the final evaluation arrive (or time out) first
+    finished_ = true;
+    COHORT_LOG(Info) << "training finished: " << committed_ << " rounds in "
+                     << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
+    for (auto& [id, c] : clients_) {
+      Envelope e;
+      e.body = transport::Bye{"training finished"};
+      ep_.send(c.peer, std::move(e));
+    }
+    for (std::size_t i = 1; i < shards_.size(); ++i) {
+      if (!shards_[i].up) continue;
+      Envelope e;
+      e.body = transport::Bye{"training finished"};
+      ep_.send(shards_[i].peer, std::move(e));
+    }
+    metrics_.write("done", {{"rounds", committed_},
+                            {"final_accuracy", static_cast<double>(last_accuracy_)},
+                            {"wall_seconds",
+                             std::chrono::duration<double>(Clock::now() - started_).count()}});
+  }
+
+  const Config& config_;
+  Shard& local_;
+  Endpoint& ep_;
+  MetricsSink metrics_;
+  std::mt19937_64 rng_;
+  std::vector<ShardInfo> shards_;
+  std::map<NodeId, ClientInfo> clients_;
+  std::uint32_t next_client_index_ = 0;
+  std::string model_spec_;
+  std::uint64_t model_size_ = 0;
+  std::uint64_t rounds_ = 0, round_ = 0, committed_ = 0, eval_every_ = 1;
+  std::size_t per_round_ = 0, min_clients_ = 1;
+  double overselect_ = 1.0;
+  bool weighted_ = false;
+  std::chrono::milliseconds deadline_{60000};
+  State state_ = State::kIdle;
+  bool closing_commit_ = false;
+  Clock::time_point close_retry_;
+  std::set<NodeId> selected_, completed_;
+  std::size_t reported_ = 0;
+  double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
+  std::uint64_t round_samples_ = 0;
+  double last_round_s_ = 0, total_bytes_ = 0;
+  float last_accuracy_ = 0;
+  Clock::time_point started_, round_started_, round_deadline_, eval_deadline_;
+  bool pending_eval_ = false;
+  std::uint64_t pending_eval_round_ = 0, pending_eval_committed_ = 0;
+  RoundRecord pending_round_record_;
+  std::size_t eval_cursor_ = 0;
+  bool finished_ = false;
+};
+
+transport::EndpointOptions endpoint_options(const Config& c, const std::string& name) {
+  transport::EndpointOptions o;
+  o.node_id = name;
+  o.security.insecure = c.get_bool("tls.insecure");
+  o.security.ca_file = c.get_string("tls.ca_file");
+  o.security.cert_file = c.get_string("tls.cert_file");
+  o.security.key_file = c.get_string("tls.key_file");
+  o.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
+  return o;
+}
+
+}  // namespace
+
+ConfigSchema config_schema() {
+  ConfigSchema s;
+  s.add("server.shard", std::int64_t{0}, "this shard's index (0 also coordinates)")
+      .add("server.shards", std::int64_t{1}, "number of shards")
+      .add("server.listen", std::string("tcp://127.0.0.1:7000"), "url to bind (tcp://HOST:* picks a port)")
+      .add("server.coordinator", std::string(""), "shards > 0: url of shard 0")
+      .add("server.advertise", std::string(""), "url clients use to reach this shard (default: the bound url)")
+      .add("server.name", std::string(""), "node id (default shard-<index>); must be the certificate CN")
+      .add("server.port_file", std::string(""), "write the bound port to this file")
+      .add("server.rounds", std::int64_t{20}, "federated rounds to run")
+      .add("server.clients_per_round", std::int64_t{10}, "K: complete updates that close a round")
+      .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
+      .add("server.min_clients", std::int64_t{1}, "clients needed to start, and updates to commit at the deadline")
+      .add("server.selection", std::string("uniform"), "uniform | weighted (by data size)")
+      .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
+      .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")
+      .add("server.seed", std::int64_t{1}, "seed of client selection")
+      .add("server.heartbeat_ms", std::int64_t{2000}, "client heartbeat interval")
+      .add("server.client_timeout_ms", std::int64_t{60000}, "a silent client leaves the pool after this")
+      .add("server.checkpoint_dir", std::string(""), "write checkpoints here (empty: none)")
+      .add("server.checkpoint_every", std::int64_t{1}, "checkpoint every R committed rounds")
+      .add("server.metrics_file", std::string("metrics.jsonl"), "JSON-lines metrics (shard 0)")
+      .add("model.spec", std::string("mlp:784-256-128-10"), "model: mlp:W0-...-Wn, cnn:lenet5, cnn:2conv, cnn:cifar")
+      .add("model.seed", std::int64_t{1}, "seed of the initial model")
+      .add("tls.insecure", false, "plaintext transport (logged as a warning)")
+      .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
+      .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
+      .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
+      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
+      .add_section("train", "client-side training options sent to clients (epochs, batch_size, lr, momentum, optimizer, ...)")
+      .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
+      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options");
+  return s;
+}
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+  const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
+  const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
+  if (shards < 1 || index >= shards) {
+    throw ConfigError("server.shard must be in [0, server.shards)");
+  }
+  std::string name = config.get_string("server.name");
+  if (name.empty()) name = "shard-" + std::to_string(index);
+  if (index > 0 && config.get_string("server.coordinator").empty()) {
+    throw ConfigError("shard " + std::to_string(index) + " needs --coordinator (the url of shard 0)");
+  }
+  const std::string spec = config.get_string("model.spec");
+  const auto model_size = kernels::make_network_spec(spec).parameter_count();  // validates the spec early
+  (void)registries.aggregators.create(config.section("aggregator").get_string("name", "fedavg"),
+                                      config.section("aggregator"));
+
+  transport::Context ctx;
+  ThreadPool pool(2);
+  auto opts = endpoint_options(config, name);
+  opts.pool = &pool;
+  opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
+  auto ep = Endpoint::bind(ctx, config.get_string("server.listen"), opts);
+  write_port_file(config.get_string("server.port_file"), ep.url());
+  COHORT_LOG(Info) << name << " listening on " << ep.url() << (ep.is_secure() ? " (TLS)" : " (plaintext)");
+
+  Shard shard(config, registries, index, shards);
+  std::optional<Coordinator> coordinator;
+  std::optional<Endpoint> upstream;
+  if (index == 0) {
+    shard.setup(spec, model_size);
+    coordinator.emplace(config, shard, ep, name);
+  } else {
+    auto up = endpoint_options(config, name);
+    upstream.emplace(Endpoint::connect(ctx, config.get_string("server.coordinator"), up));
+  }
+
+  auto register_upstream = [&] {
+    transport::Register r;
+    r.role = transport::Role::kShard;
+    r.shard_index = index;
+    r.listen_url = config.get_string("server.advertise").empty() ? ep.url()
+                                                                 : config.get_string("server.advertise");
+    Envelope e;
+    e.body = r;
+    upstream->send({}, std::move(e));
+  };
+  std::uint64_t upstream_handshakes = 0;
+  auto next_register = Clock::now();
+  bool welcomed = false;
+
+  std::vector<Endpoint*> endpoints{&ep};
+  if (upstream) endpoints.push_back(&*upstream);
+  while (!stop.load()) {
+    if (upstream) {
+      // (Re-)register with the coordinator whenever the session is new or we are not welcomed.
+      const auto hs = upstream->stats().handshakes;
+      if ((hs != upstream_handshakes || !welcomed) && Clock::now() >= next_register) {
+        try {
+          register_upstream();
+          upstream_handshakes = upstream->stats().handshakes;
+        } catch (const TransportError& e) {
+          COHORT_LOG(Warn) << "cannot reach the coordinator yet: " << e.what();
+        }
+        next_register = Clock::now() + 1s;
+      }
+    }
+    const int ready = Endpoint::poll(endpoints, 50ms);
+    if (ready >= 0) {
+      auto m = endpoints[static_cast<std::size_t>(ready)]->receive(0ms);
+      if (m) {
+        try {
+          if (ready == 1) {  // from the coordinator
+            if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
+              if (!welcomed) shard.setup(w->model_spec, w->model_size);
+              welcomed = true;
+            } else if (auto* rc = std::get_if<transport::RoundClose>(&m->envelope.body)) {
+              const auto v = shard.close_round(rc->round, rc->commit);
+              Envelope a;
+              a.round = rc->round;
+              a.body = transport::PushAck{true, "", v};
+              upstream->send({}, std::move(a));
+            } else if (std::holds_alternative<transport::Bye>(m->envelope.body)) {
+              COHORT_LOG(Info) << name << ": the coordinator says training is finished";
+              shard.checkpoint();
+              return 0;
+            } else if (auto* err = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+              COHORT_LOG(Warn) << "coordinator: " << err->message;
+            }
+          } else if (!(shard.ready() && shard.handle(ep, *m)) &&
+                     !(coordinator && coordinator->handle(*m))) {
+            if (!std::holds_alternative<transport::ErrorBody>(m->envelope.body)) {
+              Envelope e;
+              e.body = transport::ErrorBody{transport::ErrorCode::kMalformed,
+                                            std::string("unexpected ") +
+                                                std::string(transport::body_name(m->envelope.body)),
+                                            m->envelope.seq};
+              ep.send(m->peer, std::move(e));
+            }
+          }
+        } catch (const ProtocolError& e) {
+          COHORT_LOG(Warn) << "dropped a message from " << m->sender << ": " << e.what();
+        }
+      }
+    }
+    if (coordinator) {
+      coordinator->tick();
+      if (coordinator->finished()) {
+        shard.checkpoint();
+        std::this_thread::sleep_for(300ms);  // let the goodbyes leave
+        return 0;
+      }
+    }
+  }
+  COHORT_LOG(Info) << name << ": stopping (signal); writing a checkpoint";
+  shard.checkpoint();
+  return 0;
+}
+
+}  // namespace cohort::server
