@@ -79,10 +79,14 @@ std::optional<Value> parse_as(ValueType type, std::string_view raw) {
   return std::nullopt;
 }
 
+// Free-form (plug-in) values typed from text: numbers first, then the literals true/false.
 Value guess(std::string_view raw) {
-  for (ValueType t : {ValueType::kBool, ValueType::kInt, ValueType::kDouble}) {
+  for (ValueType t : {ValueType::kInt, ValueType::kDouble}) {
     if (auto v = parse_as(t, raw)) return *v;
   }
+  const std::string text = trim(raw);
+  if (text == "true") return Value{true};
+  if (text == "false") return Value{false};
   return *parse_as(ValueType::kString, raw);
 }
 

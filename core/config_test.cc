@@ -75,3 +75,16 @@ TEST_CASE("dump redacts secrets") {
   CHECK(d.find("hunter2") == std::string::npos);
   CHECK(d.find("server.rounds = 10") != std::string::npos);
 }
+
+TEST_CASE("free-form overrides are typed as numbers before booleans") {
+  auto c = cohort::Config(schema());
+  c.apply_override("aggregator.keep=1");
+  c.apply_override("aggregator.on=true");
+  c.apply_override("aggregator.beta=0.5");
+  c.apply_override("aggregator.name=median");
+  auto s = c.section("aggregator");
+  CHECK(s.get_int("keep", 0) == 1);
+  CHECK(s.get_bool("on", false));
+  CHECK(s.get_double("beta", 0) == 0.5);
+  CHECK(s.get_string("name", "") == "median");
+}

@@ -304,6 +304,7 @@ class Coordinator {
     rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
     per_round_ = static_cast<std::size_t>(config.get_int("server.clients_per_round"));
     min_clients_ = static_cast<std::size_t>(config.get_int("server.min_clients"));
+    min_updates_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
     deadline_ = std::chrono::milliseconds(config.get_int("server.round_deadline_ms"));
     eval_every_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.eval_every")));
     overselect_ = config.get_double("server.overselect");
@@ -356,10 +357,10 @@ class Coordinator {
       const bool enough = done >= per_round_;
       const bool all_reported = reported_ >= selected_.size();
       if (enough || all_reported || now >= round_deadline_) {
-        const bool commit = done >= std::max<std::size_t>(1, min_clients_);
+        const bool commit = done >= min_updates_;
         if (!commit) {
           COHORT_LOG(Warn) << "round " << round_ << " closes with " << done
-                           << " complete updates (fewer than server.min_clients = " << min_clients_
+                           << " complete updates (fewer than server.min_updates = " << min_updates_
                            << "): discarded, retrying";
         }
         close_round(commit);
@@ -734,7 +735,7 @@ class Coordinator {
   std::string model_spec_;
   std::uint64_t model_size_ = 0;
   std::uint64_t rounds_ = 0, round_ = 0, committed_ = 0, eval_every_ = 1;
-  std::size_t per_round_ = 0, min_clients_ = 1;
+  std::size_t per_round_ = 0, min_clients_ = 1, min_updates_ = 1;
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
@@ -780,7 +781,8 @@ ConfigSchema config_schema() {
       .add("server.rounds", std::int64_t{20}, "federated rounds to run")
       .add("server.clients_per_round", std::int64_t{10}, "K: complete updates that close a round")
       .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
-      .add("server.min_clients", std::int64_t{1}, "clients needed to start, and updates to commit at the deadline")
+      .add("server.min_clients", std::int64_t{1}, "registered clients needed before a round starts")
+      .add("server.min_updates", std::int64_t{1}, "complete updates needed to commit a round at its deadline")
       .add("server.selection", std::string("uniform"), "uniform | weighted (by data size)")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
       .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")

@@ -141,21 +141,26 @@ TEST_CASE("2 shards + 4 clients, 3 rounds over TLS: test accuracy rises") {
 }
 
 TEST_CASE("kill -9 of one client mid-round: the round closes at its deadline with the others") {
-  Federation f(1, 3, {"--server.rounds=2", "--server.clients_per_round=3", "--server.min_clients=2",
-                      "--server.round_deadline_ms=8000", "--train.epochs=1"});
+  Federation f(1, 3, {"--server.rounds=2", "--server.clients_per_round=3", "--server.min_clients=3",
+                      "--server.min_updates=2", "--server.round_deadline_ms=8000",
+                      "--train.epochs=3"});
   f.start();
-  // Kill client 2 as soon as the first round is under way (its training takes over a second).
+  // Kill a client once the first round is under way: it starts when all three have joined, and
+  // three local epochs take over a second.
   const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (std::chrono::steady_clock::now() < deadline &&
-         f.clients[2].stderr_text().find("joined") == std::string::npos) {
+  auto joined = [&](int i) {
+    return f.clients[static_cast<std::size_t>(i)].stderr_text().find("joined") != std::string::npos;
+  };
+  while (std::chrono::steady_clock::now() < deadline && !(joined(0) && joined(1) && joined(2))) {
     std::this_thread::sleep_for(20ms);
   }
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(400ms);
   f.clients[2].kill(9);
   REQUIRE(f.wait(120s) == 0);
   const auto rounds = f.records("round");
   REQUIRE(rounds.size() == 2);
-  CHECK(rounds[0]["clients"] == 2);  // the killed client's update never came
+  CHECK(rounds[0]["clients"] == 2);   // the killed client's update never came
+  CHECK(rounds[0]["selected"] == 3);
   CHECK(rounds[0]["round_seconds"].get<double>() >= 7.0);  // closed at the deadline
 }
 

@@ -66,7 +66,7 @@ Process::Process(Process&& other) noexcept
 
 Process& Process::operator=(Process&& other) noexcept {
   if (this != &other) {
-    this->~Process();
+    Process old(std::move(*this));  // kills and reaps the child this one held, in its destructor
     pid_ = std::exchange(other.pid_, -1);
     status_ = other.status_;
     out_ = std::move(other.out_);
