@@ -8,11 +8,13 @@
 
 #include "cohort/client/idx.h"
 #include "cohort/client/partition.h"
+#include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/device.h"
+#include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
 
@@ -78,7 +80,11 @@ class Participant {
       }
       if (m) {
         if (auto* rs = std::get_if<transport::RoundStart>(&m->envelope.body)) {
-          run_round(*rs);
+          if (rs->mode == transport::TrainingMode::kDataParallel && !rs->evaluate_only) {
+            run_dataparallel(*rs);
+          } else {
+            run_round(*rs);
+          }
         } else if (std::holds_alternative<transport::Bye>(m->envelope.body)) {
           COHORT_LOG(Info) << name() << ": training finished";
           return 0;
@@ -105,6 +111,7 @@ class Participant {
 
   void load_data() {
     const auto [index, count] = parse_part(config_.get_string("data.part"));
+    part_index_ = index;
     auto data = load_fashion_mnist(config_.get_string("data.dir"));
     train_ = std::move(data.train);
     test_ = std::move(data.test);
@@ -215,12 +222,13 @@ class Participant {
 
   // Sends `make(i)` to every shard and waits for each shard's answer that `accept` takes,
   // resending to shards that stay silent (exponential backoff) until `deadline`.
+  // `patient`: the shard may hold the request on purpose (SSP/BSP), so resend only rarely.
   template <typename Make, typename Accept>
-  bool exchange(Make make, Accept accept, Clock::time_point deadline) {
+  bool exchange(Make make, Accept accept, Clock::time_point deadline, bool patient = false) {
     const std::size_t n = shards_.size();
     std::vector<bool> done(n, false);
     std::vector<Clock::time_point> resend(n);
-    std::vector<std::chrono::milliseconds> backoff(n, 3000ms);
+    std::vector<std::chrono::milliseconds> backoff(n, patient ? 30000ms : 3000ms);
     auto send = [&](std::size_t i) {
       try {
         auto [env, payload] = make(i);
@@ -294,7 +302,10 @@ class Participant {
       return;
     }
     std::copy(params.begin(), params.end(), global_.begin());
-    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL + rs.round;
+    // Shuffles depend on the model version and the partition, not on round ids, so the same
+    // training happens under every server mode.
+    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL +
+                      rs.model_version * 7919ULL + part_index_;
     const auto result = trainer_->train(train_, indices_, seed);
     const auto t_trained = Clock::now();
     auto trained = net_->parameters();
@@ -332,6 +343,91 @@ class Participant {
     send_report(report);
   }
 
+  // Data-parallel: per step, pull the weights (the shards hold the pull until the consistency
+  // model lets this worker's clock through), compute one batch's gradient, push it.
+  void run_dataparallel(const transport::RoundStart& rs) {
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::milliseconds(rs.deadline_ms);
+    const std::uint64_t sent0 = bytes_sent(), recv0 = bytes_received();
+    transport::ClientReport report;
+    report.round = rs.round;
+    const std::size_t batch = std::max<std::uint32_t>(rs.batch_size, 1);
+    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 7919ULL + part_index_;
+    const auto step_delay = std::chrono::milliseconds(config_.get_int("client.step_delay_ms"));
+    std::vector<float> x(batch * train_.feature_dim()), dlogits;
+    std::vector<std::int32_t> y(batch);
+    double loss_sum = 0;
+    double compute_s = 0;
+    auto params = net_->parameters();
+    for (std::uint64_t step = 0; step < rs.local_steps; ++step) {
+      const bool pulled = exchange(
+          [&](std::size_t i) {
+            Envelope e;
+            e.round = rs.round;
+            e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, step};
+            return std::pair{std::move(e), transport::Payload{}};
+          },
+          [&](std::size_t i, Message& m) {
+            auto* r = std::get_if<transport::PullReply>(&m.envelope.body);
+            if (!r || r->shard != shards_[i].index || m.payload.size() != (r->end - r->begin) * 4) return false;
+            std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
+            return true;
+          },
+          deadline, /*patient=*/true);
+      if (!pulled) {
+        report.message = "could not pull at step " + std::to_string(step);
+        break;
+      }
+      const auto c0 = Clock::now();
+      const auto rows = dataparallel_batch(indices_, step, batch, seed);
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const auto row = train_.row(rows[r]);
+        std::copy(row.begin(), row.end(), x.begin() + static_cast<std::ptrdiff_t>(r * row.size()));
+        y[r] = train_.labels()[rows[r]];
+      }
+      const auto logits = net_->forward(x, rows.size(), true);
+      dlogits.resize(logits.size());
+      loss_sum += kernels::softmax_cross_entropy(logits, y, net_->output_size(), dlogits);
+      net_->backward(dlogits);
+      const auto grads = net_->gradients();
+      const auto gbytes = std::as_bytes(grads);
+      compute_s += std::chrono::duration<double>(Clock::now() - c0).count();
+      COHORT_LOG(Debug) << name() << ": clock " << step;
+      std::vector<std::string> refusals;
+      const bool pushed = exchange(
+          [&](std::size_t i) {
+            const auto& s = shards_[i];
+            Envelope e;
+            e.round = rs.round;
+            e.body = transport::Push{s.index, s.begin, s.end, rows.size(), step,
+                                     transport::Encoding::kDenseF32, transport::PushKind::kGradient,
+                                     0, step, s.end - s.begin};
+            return std::pair{std::move(e), transport::Payload{gbytes.subspan(s.begin * 4, (s.end - s.begin) * 4), nullptr}};
+          },
+          [&](std::size_t, Message& m) {
+            auto* a = std::get_if<transport::PushAck>(&m.envelope.body);
+            if (!a || m.envelope.round != rs.round) return false;
+            if (!a->accepted) refusals.push_back(a->reason);
+            return true;
+          },
+          deadline, /*patient=*/true);
+      if (!pushed || !refusals.empty()) {
+        report.message = !pushed ? "could not push at step " + std::to_string(step)
+                                 : "gradient refused: " + refusals.front();
+        break;
+      }
+      if (step + 1 == rs.local_steps) report.trained = true;
+      if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+    }
+    report.num_samples = rs.local_steps * batch;
+    report.train_loss = rs.local_steps ? static_cast<float>(loss_sum / static_cast<double>(rs.local_steps)) : 0;
+    report.train_seconds = static_cast<float>(compute_s);
+    report.comm_seconds = std::chrono::duration<float>(Clock::now() - t0).count() - report.train_seconds;
+    report.bytes_sent = bytes_sent() - sent0;
+    report.bytes_received = bytes_received() - recv0;
+    send_report(report);
+  }
+
   void send_report(const transport::ClientReport& r) {
     Envelope e;
     e.round = r.round;
@@ -356,6 +452,7 @@ class Participant {
   Dataset train_, test_;
   std::vector<std::uint32_t> indices_;
   std::string partition_text_;
+  std::uint64_t part_index_ = 0;
   std::string model_spec_;
   TrainerOptions options_;
   std::unique_ptr<kernels::Device> device_;
@@ -375,6 +472,7 @@ ConfigSchema participant_config_schema() {
       .add("client.threads", std::int64_t{1}, "CPU threads for local training")
       .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining after this long")
       .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")
+      .add("client.step_delay_ms", std::int64_t{0}, "data-parallel: sleep after each step (to emulate a straggler)")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
       .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
       .add("data.part", std::string("0/1"), "which part this client holds: I/N")
@@ -385,6 +483,18 @@ ConfigSchema participant_config_schema() {
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages");
   return s;
+}
+
+std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> indices,
+                                              std::size_t step, std::size_t batch,
+                                              std::uint64_t seed) {
+  COHORT_CHECK(batch >= 1);
+  const std::size_t per_epoch = std::max<std::size_t>(indices.size() / batch, 1);
+  const std::size_t epoch = step / per_epoch, pos = (step % per_epoch) * batch;
+  std::vector<std::uint32_t> order(indices.begin(), indices.end());
+  Rng::for_stream(seed, epoch).shuffle(std::span<std::uint32_t>(order));
+  const std::size_t end = std::min(order.size(), pos + batch);
+  return {order.begin() + static_cast<std::ptrdiff_t>(pos), order.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
 int run_participant(const Config& config, const std::atomic<bool>& stop) {

@@ -8,6 +8,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -72,10 +73,16 @@ std::string human_bytes(double b) {
 class Shard {
  public:
   Shard(const Config& config, const Registries& registries, std::uint32_t index,
-        std::uint32_t shards)
-      : config_(config), registries_(registries), index_(index), shards_(shards) {
+        std::uint32_t shards, MetricsSink* metrics)
+      : config_(config), registries_(registries), index_(index), shards_(shards), metrics_(metrics) {
     const auto dir = config.get_string("server.checkpoint_dir");
     if (!dir.empty()) store_.emplace(dir, "shard-" + std::to_string(index));
+    mode_ = config.get_string("server.mode");
+    consistency_ = config.get_string("server.consistency");
+    staleness_bound_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.staleness")));
+    workers_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
+    buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
+    max_staleness_ = config.get_int("server.max_staleness");
   }
 
   // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.
@@ -131,11 +138,22 @@ class Shard {
   // Handles a pull or push message; returns true if it was one.
   bool handle(Endpoint& ep, Message& m) {
     if (auto* p = std::get_if<transport::Pull>(&m.envelope.body)) {
-      on_pull(ep, m, *p);
+      if (mode_ == "dataparallel") {
+        pending_pulls_.push_back(PendingPull{m.peer, m.sender, m.envelope, *p});
+        serve_pending_pulls(ep);
+      } else {
+        on_pull(ep, m, *p);
+      }
       return true;
     }
     if (auto* p = std::get_if<transport::Push>(&m.envelope.body)) {
-      on_push_chunk(ep, m, *p);
+      if (mode_ == "dataparallel") {
+        on_gradient_chunk(ep, m, *p);
+      } else if (mode_ == "fedbuff") {
+        on_buffered_chunk(ep, m, *p);
+      } else {
+        on_push_chunk(ep, m, *p);
+      }
       return true;
     }
     return false;
@@ -267,6 +285,183 @@ class Shard {
     }
   }
 
+  // ---- data-parallel mode (ALGORITHMS.md section 3) ----------------------------------------
+  //
+  // A worker's clock is the number of gradients it has pushed. Worker p pulls with its clock c in
+  // Pull.min_version; the pull is answered when c - min_q c_q <= s (BSP: s = 0, ASP: always).
+  // ASP and SSP apply each gradient as it completes; BSP buffers the n gradients of a step and
+  // applies their sum in a fixed (worker id) order, so a run is bit-reproducible.
+
+  struct PendingPull {
+    PeerHandle peer;
+    NodeId worker;
+    Envelope envelope;
+    transport::Pull pull;
+  };
+
+  std::uint64_t min_clock() const {
+    if (clocks_.size() < workers_) return 0;
+    std::uint64_t m = std::numeric_limits<std::uint64_t>::max();
+    for (const auto& [w, c] : clocks_) m = std::min(m, c);
+    return m;
+  }
+
+  void serve_pending_pulls(Endpoint& ep) {
+    const std::uint64_t bound = consistency_ == "bsp" ? 0 : staleness_bound_;
+    const bool asp = consistency_ == "asp";
+    const std::uint64_t slowest = min_clock();
+    for (auto it = pending_pulls_.begin(); it != pending_pulls_.end();) {
+      const std::uint64_t clock = it->pull.min_version;
+      if (asp || clock <= slowest + bound) {
+        if (metrics_ != nullptr) {
+          metrics_->write("dp_pull", {{"shard", std::uint64_t{index_}},
+                                      {"worker", it->worker},
+                                      {"clock", clock},
+                                      {"min_clock", slowest},
+                                      {"version", version_}});
+        }
+        Message m{it->peer, it->worker, it->envelope, 0, PooledBuffer{}, true};
+        on_pull(ep, m, it->pull);
+        it = pending_pulls_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Reassembles a pushed gradient (the chunks of one transfer), then applies it.
+  void on_gradient_chunk(Endpoint& ep, Message& m, const transport::Push& p) {
+    const std::string key = m.sender + "#" + std::to_string(m.envelope.seq);
+    if (m.offset == 0) {
+      std::string why;
+      if (p.kind != transport::PushKind::kGradient) why = "this server runs data-parallel; send gradients";
+      else if (p.encoding != transport::Encoding::kDenseF32) why = "unsupported encoding";
+      else if (p.shard != index_ || p.begin != begin_ || p.end != end_) why = "wrong shard range";
+      else if (m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong gradient length";
+      else if (p.clock != clocks_[m.sender]) why = "gradient for clock " + std::to_string(p.clock) +
+                                                   ", expected " + std::to_string(clocks_[m.sender]);
+      if (!why.empty()) {
+        reply_ack(ep, m, false, why);
+        rejected_transfers_.insert(key);
+        return;
+      }
+      gradients_[key] = FloatBuffer(size());
+    }
+    if (rejected_transfers_.contains(key)) {
+      if (m.complete) rejected_transfers_.erase(key);
+      return;
+    }
+    auto it = gradients_.find(key);
+    if (it == gradients_.end()) return;
+    const auto bytes = m.payload.span();
+    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0 ||
+        m.offset + bytes.size() > it->second.bytes()) {
+      gradients_.erase(it);
+      reply_ack(ep, m, false, "misaligned chunk");
+      return;
+    }
+    std::memcpy(reinterpret_cast<std::byte*>(it->second.data()) + m.offset, bytes.data(), bytes.size());
+    if (!m.complete) return;
+    FloatBuffer g = std::move(it->second);
+    gradients_.erase(it);
+    for (float v : g) {
+      if (!std::isfinite(v)) {
+        reply_ack(ep, m, false, "gradient has non-finite values");
+        return;
+      }
+    }
+    const std::uint64_t clock = clocks_[m.sender]++;
+    if (consistency_ == "bsp") {
+      step_buffer_[clock][m.sender] = std::move(g);
+      auto& step = step_buffer_[clock];
+      if (step.size() >= workers_) {
+        // The n gradients of this step, summed in worker-id order, applied once.
+        FloatBuffer sum(size());
+        for (const auto& [w, grad] : step) {
+          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
+        }
+        optimizer_->apply_gradient(params_.span(), sum.span());
+        ++version_;
+        step_buffer_.erase(clock);
+      }
+    } else {
+      optimizer_->apply_gradient(params_.span(), g.span());
+      ++version_;
+    }
+    reply_ack(ep, m, true, "");
+    serve_pending_pulls(ep);
+  }
+
+  // ---- FedBuff (ALGORITHMS.md 1.6) ----------------------------------------------------------
+  //
+  // Deltas are folded in as they stream, weighted by s(tau) = 1/sqrt(1 + tau) where tau is the
+  // staleness (versions since the client's pull); after K complete updates the model moves by
+  // eta_g * (1/K) * sum and the version increments. Updates staler than server.max_staleness
+  // (>= 0) are refused.
+  void on_buffered_chunk(Endpoint& ep, Message& m, const transport::Push& p) {
+    const std::string key = m.sender + "#" + std::to_string(m.envelope.seq);
+    if (m.offset == 0) {
+      const std::uint64_t tau = version_ >= p.base_version ? version_ - p.base_version : 0;
+      std::string why;
+      if (p.kind != transport::PushKind::kDelta) why = "this server runs FedBuff; send deltas";
+      else if (p.encoding != transport::Encoding::kDenseF32) why = "unsupported encoding";
+      else if (p.shard != index_ || p.begin != begin_ || p.end != end_) why = "wrong shard range";
+      else if (m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (p.base_version > version_) why = "update from a future version";
+      else if (max_staleness_ >= 0 && tau > static_cast<std::uint64_t>(max_staleness_))
+        why = "update too stale (" + std::to_string(tau) + " versions)";
+      else if (buffered_tasks_.contains(key)) why = "duplicate update";
+      if (!why.empty()) {
+        reply_ack(ep, m, false, why);
+        rejected_transfers_.insert(key);
+        return;
+      }
+      if (buffer_sum_.size() != size()) buffer_sum_.assign(size(), 0.0);
+      buffered_tasks_[key] = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
+    }
+    if (rejected_transfers_.contains(key)) {
+      if (m.complete) rejected_transfers_.erase(key);
+      return;
+    }
+    auto it = buffered_tasks_.find(key);
+    if (it == buffered_tasks_.end()) return;
+    const auto bytes = m.payload.span();
+    const std::size_t first = static_cast<std::size_t>(m.offset / sizeof(float));
+    const std::size_t n = bytes.size() / sizeof(float);
+    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0 || first + n > size()) {
+      buffered_tasks_.erase(it);
+      reply_ack(ep, m, false, "misaligned chunk");
+      return;
+    }
+    const float* v = reinterpret_cast<const float*>(bytes.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(v[i])) {
+        buffered_tasks_.erase(it);
+        reply_ack(ep, m, false, "update has non-finite values");
+        return;
+      }
+    }
+    const double w = it->second;
+    for (std::size_t i = 0; i < n; ++i) buffer_sum_[first + i] += w * static_cast<double>(v[i]);
+    if (!m.complete) return;
+    buffered_tasks_.erase(it);
+    ++buffered_;
+    reply_ack(ep, m, true, "");
+    if (buffered_ >= buffer_k_) {
+      const double inv_k = 1.0 / static_cast<double>(buffered_);
+      for (std::size_t i = 0; i < size(); ++i) delta_[i] = static_cast<float>(buffer_sum_[i] * inv_k);
+      optimizer_->apply_delta(params_.span(), delta_.span());
+      std::fill(buffer_sum_.begin(), buffer_sum_.end(), 0.0);
+      buffered_ = 0;
+      ++version_;
+      last_closed_ = version_;
+      if (store_) {
+        const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
+        if (version_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
+      }
+    }
+  }
+
   ClientId client_id(const NodeId& id) {
     auto [it, fresh] = client_ids_.try_emplace(id, static_cast<ClientId>(client_ids_.size()));
     return it->second;
@@ -289,6 +484,18 @@ class Shard {
   std::set<NodeId> pushed_;
   std::unordered_map<NodeId, ClientId> client_ids_;
   std::optional<CheckpointStore> store_;
+  MetricsSink* metrics_ = nullptr;
+  std::string mode_, consistency_;
+  std::uint64_t staleness_bound_ = 0;
+  std::size_t workers_ = 1, buffer_k_ = 10, buffered_ = 0;
+  std::int64_t max_staleness_ = -1;
+  std::map<NodeId, std::uint64_t> clocks_;
+  std::deque<PendingPull> pending_pulls_;
+  std::unordered_map<std::string, FloatBuffer> gradients_;
+  std::map<std::uint64_t, std::map<NodeId, FloatBuffer>> step_buffer_;
+  std::set<std::string> rejected_transfers_;
+  std::unordered_map<std::string, double> buffered_tasks_;
+  std::vector<double> buffer_sum_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -296,8 +503,8 @@ class Shard {
 
 class Coordinator {
  public:
-  Coordinator(const Config& config, Shard& local, Endpoint& ep, const NodeId& name)
-      : config_(config), local_(local), ep_(ep), metrics_(config.get_string("server.metrics_file")),
+  Coordinator(const Config& config, Shard& local, Endpoint& ep, const NodeId& name, MetricsSink& metrics)
+      : config_(config), local_(local), ep_(ep), metrics_(metrics),
         rng_(static_cast<std::uint64_t>(config.get_int("server.seed"))) {
     shards_.resize(static_cast<std::size_t>(config.get_int("server.shards")));
     shards_[0] = {true, "", ep.url(), name, true};
@@ -313,6 +520,8 @@ class Coordinator {
     model_size_ = kernels::make_network_spec(model_spec_).parameter_count();
     round_ = local.last_closed();
     committed_ = local.version();
+    mode_ = config.get_string("server.mode");
+    if (mode_ == "dataparallel") rounds_ = 1;  // one long task per worker
     started_ = Clock::now();
   }
 
@@ -347,6 +556,14 @@ class Coordinator {
   void tick() {
     const auto now = Clock::now();
     if (finished_) return;
+    if (mode_ == "dataparallel") {
+      tick_dataparallel(now);
+      return;
+    }
+    if (mode_ == "fedbuff") {
+      tick_fedbuff(now);
+      return;
+    }
     if (state_ == State::kIdle && all_shards_up() && committed_ >= rounds_) {
       finish();
       return;
@@ -556,7 +773,127 @@ class Coordinator {
     COHORT_LOG(Debug) << "round " << round_ << " started with " << selected_.size() << " clients";
   }
 
+  // ---- data-parallel: one long task per worker; the shards enforce the consistency model ----
+  void tick_dataparallel(Clock::time_point now) {
+    if (state_ == State::kIdle && !dp_started_ && all_shards_up() && live_clients() >= min_clients_) {
+      dp_started_ = true;
+      round_ = 1;
+      round_started_ = now;
+      round_deadline_ = now + deadline_;
+      transport::RoundStart rs;
+      rs.round = round_;
+      rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
+      rs.local_steps = static_cast<std::uint32_t>(config_.get_int("server.steps"));
+      rs.batch_size = static_cast<std::uint32_t>(config_.section("train").get_int("batch_size", 64));
+      rs.mode = transport::TrainingMode::kDataParallel;
+      std::size_t n = 0;
+      for (const auto& [id, c] : clients_) {  // the first `clients_per_round` workers by name
+        if (n++ >= per_round_) break;
+        Envelope e;
+        e.round = round_;
+        e.body = rs;
+        if (ep_.send(c.peer, std::move(e))) selected_.insert(id);
+      }
+      state_ = State::kRunning;
+      COHORT_LOG(Info) << "data-parallel training (" << config_.get_string("server.consistency")
+                       << ") started with " << selected_.size() << " workers";
+    }
+    if (state_ == State::kRunning && (reported_ >= selected_.size() || now >= round_deadline_)) {
+      committed_ = rounds_;
+      state_ = State::kIdle;
+      last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
+      pending_round_record_ = current_record();
+      pending_eval_committed_ = committed_;
+      request_eval_or_print();
+    }
+    if (state_ == State::kIdle && dp_started_) finish_when_evaluated(now);
+  }
+
+  // ---- FedBuff: keep `concurrency` clients busy; the shards step every K updates -------------
+  void tick_fedbuff(Clock::time_point now) {
+    if (!all_shards_up()) return;
+    if (!fb_started_) {
+      if (live_clients() < min_clients_) return;
+      fb_started_ = true;
+      round_started_ = now;
+      fb_version_ = local_.version();
+    }
+    // In flight at most `concurrency` tasks, and no more than the remaining steps need.
+    const std::size_t concurrency = static_cast<std::size_t>(config_.get_int("server.concurrency"));
+    const bool done = local_.version() >= rounds_;
+    const std::size_t k = static_cast<std::size_t>(std::max<std::int64_t>(1, config_.get_int("server.buffer_size")));
+    const std::size_t total = done ? 0 : static_cast<std::size_t>(rounds_ - local_.version()) * k;
+    const std::size_t needed = total > fb_buffered_ ? total - fb_buffered_ : 0;
+    const std::size_t limit = std::min(concurrency, needed);
+    for (auto it = clients_.begin(); !done && it != clients_.end() && busy_.size() < limit; ++it) {
+      if (busy_.contains(it->first)) continue;
+      transport::RoundStart rs;
+      rs.round = ++round_;
+      rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
+      rs.local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1));
+      rs.local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0));
+      rs.model_version = local_.version();
+      rs.mode = transport::TrainingMode::kBuffered;
+      Envelope e;
+      e.round = rs.round;
+      e.body = rs;
+      if (ep_.send(it->second.peer, std::move(e))) busy_[it->first] = now + deadline_;
+    }
+    for (auto it = busy_.begin(); it != busy_.end();) {  // a task past its deadline is given up
+      it = now > it->second ? busy_.erase(it) : std::next(it);
+    }
+    if (local_.version() > fb_version_ && !pending_eval_) {
+      const std::size_t steps = static_cast<std::size_t>(local_.version() - fb_version_);
+      fb_buffered_ = fb_buffered_ > steps * k ? fb_buffered_ - steps * k : 0;
+      fb_version_ = local_.version();
+      committed_ = fb_version_;
+      last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
+      round_started_ = now;
+      pending_round_record_ = current_record();
+      pending_eval_committed_ = committed_;
+      reset_round_stats();
+      request_eval_or_print();
+    }
+    if (done) finish_when_evaluated(now);
+  }
+
+  void finish_when_evaluated(Clock::time_point now) {
+    if (pending_eval_ && now > eval_deadline_) {
+      print_round(pending_eval_round_, std::nullopt);
+      pending_eval_ = false;
+    }
+    if (!pending_eval_) finish();
+  }
+
+  void reset_round_stats() {
+    completed_.clear();
+    selected_.clear();
+    reported_ = 0;
+    round_loss_ = 0;
+    round_samples_ = 0;
+    round_bytes_ = 0;
+    round_train_s_ = 0;
+    round_comm_s_ = 0;
+  }
+
   void on_report(const Message& m, const transport::ClientReport& r) {
+    if (mode_ == "fedbuff" && !r.evaluated) {
+      busy_.erase(m.sender);
+      selected_.insert(m.sender);
+      ++reported_;
+      round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
+      if (r.trained) {
+        ++fb_buffered_;
+        completed_.insert(m.sender);
+        round_loss_ += static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples);
+        round_samples_ += r.num_samples;
+        round_train_s_ = std::max(round_train_s_, static_cast<double>(r.train_seconds));
+        round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
+      } else {
+        COHORT_LOG(Info) << "client " << m.sender << ": " << r.message;
+      }
+      return;
+    }
     if (r.evaluated) {
       if (pending_eval_ && r.round == pending_eval_round_) {
         pending_eval_ = false;
@@ -620,7 +957,14 @@ class Coordinator {
     if (!closing_commit_) return;
     ++committed_;
     last_round_s_ = std::chrono::duration<double>(Clock::now() - round_started_).count();
-    // Evaluate the new model on one client's copy of the test set.
+    pending_round_record_ = current_record();
+    pending_eval_committed_ = committed_;
+    request_eval_or_print();
+  }
+
+  // Evaluates the new model on one client's copy of the test set, every eval_every rounds and
+  // after the last; the round's line is printed when the result arrives.
+  void request_eval_or_print() {
     const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
     if (eval && !clients_.empty()) {
       auto it = clients_.begin();
@@ -628,7 +972,8 @@ class Coordinator {
       transport::RoundStart rs;
       rs.round = round_;
       rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
-      rs.model_version = local_.version();
+      // Data-parallel shards read Pull.min_version as the worker's clock: an evaluation is not one.
+      rs.model_version = mode_ == "dataparallel" ? 0 : local_.version();
       rs.evaluate_only = true;
       Envelope e;
       e.round = round_;
@@ -636,14 +981,10 @@ class Coordinator {
       if (ep_.send(it->second.peer, std::move(e))) {
         pending_eval_ = true;
         pending_eval_round_ = round_;
-        pending_eval_committed_ = committed_;
         eval_deadline_ = Clock::now() + deadline_;
-        pending_round_record_ = current_record();
         return;
       }
     }
-    pending_round_record_ = current_record();
-    pending_eval_committed_ = committed_;
     print_round(round_, std::nullopt);
   }
 
@@ -727,7 +1068,7 @@ class Coordinator {
   const Config& config_;
   Shard& local_;
   Endpoint& ep_;
-  MetricsSink metrics_;
+  MetricsSink& metrics_;
   std::mt19937_64 rng_;
   std::vector<ShardInfo> shards_;
   std::map<NodeId, ClientInfo> clients_;
@@ -754,6 +1095,11 @@ class Coordinator {
   RoundRecord pending_round_record_;
   std::size_t eval_cursor_ = 0;
   bool finished_ = false;
+  std::string mode_;
+  bool dp_started_ = false, fb_started_ = false;
+  std::uint64_t fb_version_ = 0;
+  std::size_t fb_buffered_ = 0;  // updates accepted since the last server step
+  std::map<NodeId, Clock::time_point> busy_;
 };
 
 transport::EndpointOptions endpoint_options(const Config& c, const std::string& name) {
@@ -778,7 +1124,14 @@ ConfigSchema config_schema() {
       .add("server.advertise", std::string(""), "url clients use to reach this shard (default: the bound url)")
       .add("server.name", std::string(""), "node id (default shard-<index>); must be the certificate CN")
       .add("server.port_file", std::string(""), "write the bound port to this file")
-      .add("server.rounds", std::int64_t{20}, "federated rounds to run")
+      .add("server.mode", std::string("federated"), "federated | fedbuff | dataparallel")
+      .add("server.rounds", std::int64_t{20}, "federated rounds to run (fedbuff: server steps)")
+      .add("server.consistency", std::string("bsp"), "dataparallel: bsp | asp | ssp")
+      .add("server.staleness", std::int64_t{2}, "dataparallel ssp: how many clocks a worker may run ahead")
+      .add("server.steps", std::int64_t{100}, "dataparallel: steps each worker takes")
+      .add("server.buffer_size", std::int64_t{10}, "fedbuff: K, updates per server step")
+      .add("server.max_staleness", std::int64_t{-1}, "fedbuff: refuse updates staler than this (-1: no bound)")
+      .add("server.concurrency", std::int64_t{10}, "fedbuff: clients training at once")
       .add("server.clients_per_round", std::int64_t{10}, "K: complete updates that close a round")
       .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
       .add("server.min_clients", std::int64_t{1}, "registered clients needed before a round starts")
@@ -816,6 +1169,14 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   if (index > 0 && config.get_string("server.coordinator").empty()) {
     throw ConfigError("shard " + std::to_string(index) + " needs --coordinator (the url of shard 0)");
   }
+  const std::string mode = config.get_string("server.mode");
+  if (mode != "federated" && mode != "fedbuff" && mode != "dataparallel") {
+    throw ConfigError("server.mode must be federated, fedbuff or dataparallel, got '" + mode + "'");
+  }
+  const std::string consistency = config.get_string("server.consistency");
+  if (consistency != "bsp" && consistency != "asp" && consistency != "ssp") {
+    throw ConfigError("server.consistency must be bsp, asp or ssp, got '" + consistency + "'");
+  }
   const std::string spec = config.get_string("model.spec");
   const auto model_size = kernels::make_network_spec(spec).parameter_count();  // validates the spec early
   (void)registries.aggregators.create(config.section("aggregator").get_string("name", "fedavg"),
@@ -830,12 +1191,14 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   write_port_file(config.get_string("server.port_file"), ep.url());
   COHORT_LOG(Info) << name << " listening on " << ep.url() << (ep.is_secure() ? " (TLS)" : " (plaintext)");
 
-  Shard shard(config, registries, index, shards);
+  std::optional<MetricsSink> metrics;
+  if (index == 0) metrics.emplace(config.get_string("server.metrics_file"));
+  Shard shard(config, registries, index, shards, metrics ? &*metrics : nullptr);
   std::optional<Coordinator> coordinator;
   std::optional<Endpoint> upstream;
   if (index == 0) {
     shard.setup(spec, model_size);
-    coordinator.emplace(config, shard, ep, name);
+    coordinator.emplace(config, shard, ep, name, *metrics);
   } else {
     auto up = endpoint_options(config, name);
     upstream.emplace(Endpoint::connect(ctx, config.get_string("server.coordinator"), up));

@@ -7,6 +7,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
 
 #include "cohort/core/config.h"
 
@@ -19,5 +23,12 @@ ConfigSchema participant_config_schema();
 // Throws ConfigError / DataError for bad configuration or data before joining, TransportError
 // if the coordinator cannot be reached within client.connect_timeout_ms.
 int run_participant(const Config& config, const std::atomic<bool>& stop);
+
+// The rows a data-parallel worker uses at `step`: epochs of `indices` shuffled by
+// Rng::for_stream(seed, epoch), cut into floor(n / batch) batches (the remainder is dropped).
+// Deterministic, so a single-process run can replay any worker's batches. REQUIRES batch >= 1.
+std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> indices,
+                                              std::size_t step, std::size_t batch,
+                                              std::uint64_t seed);
 
 }  // namespace cohort::client
