@@ -97,7 +97,6 @@ class Shard {
         config_.section("server_optimizer").get_string("name", "sgd"),
         config_.section("server_optimizer"));
     optimizer_->reset(size());
-    delta_ = FloatBuffer(size());
     if (store_) {
       std::vector<std::string> skipped;
       auto state = store_->load_latest(&skipped);
@@ -162,6 +161,13 @@ class Shard {
   // Round r is over: fold in (commit) or throw away what arrived. Returns the new version.
   std::uint64_t close_round(std::uint64_t round, bool commit) {
     if (round <= last_closed_) return version_;  // repeated close (coordinator retry)
+    // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds
+    // just its parameters and the running sum.
+    struct Scratch {
+      FloatBuffer& buf;
+      ~Scratch() { buf = FloatBuffer(); }
+    } scratch{delta_};
+    if (open_round_ == round && commit) delta_ = FloatBuffer(size());
     if (open_round_ == round && commit && aggregator_->finish_round(delta_.span())) {
       optimizer_->apply_delta(params_.span(), delta_.span());
       ++version_;
@@ -345,7 +351,10 @@ class Shard {
         rejected_transfers_.insert(key);
         return;
       }
-      gradients_[key] = FloatBuffer(size());
+      // Gradient buffers are reused: a fresh 64 MiB buffer per push would page-fault its way in.
+      if (spare_.empty()) spare_.emplace_back(size());
+      gradients_[key] = std::move(spare_.back());
+      spare_.pop_back();
     }
     if (rejected_transfers_.contains(key)) {
       if (m.complete) rejected_transfers_.erase(key);
@@ -364,6 +373,13 @@ class Shard {
     if (!m.complete) return;
     FloatBuffer g = std::move(it->second);
     gradients_.erase(it);
+    struct Recycle {  // hands the buffer back to spare_ on every path out
+      std::vector<FloatBuffer>& spare;
+      FloatBuffer& buf;
+      ~Recycle() {
+        if (!buf.empty()) spare.push_back(std::move(buf));
+      }
+    } recycle{spare_, g};
     for (float v : g) {
       if (!std::isfinite(v)) {
         reply_ack(ep, m, false, "gradient has non-finite values");
@@ -376,11 +392,13 @@ class Shard {
       auto& step = step_buffer_[clock];
       if (step.size() >= workers_) {
         // The n gradients of this step, summed in worker-id order, applied once.
-        FloatBuffer sum(size());
-        for (const auto& [w, grad] : step) {
-          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += grad[i];
+        if (delta_.size() != size()) delta_ = FloatBuffer(size());
+        delta_.fill(0.0f);
+        for (auto& [w, grad] : step) {
+          for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] += grad[i];
+          spare_.push_back(std::move(grad));
         }
-        optimizer_->apply_gradient(params_.span(), sum.span());
+        optimizer_->apply_gradient(params_.span(), delta_.span());
         ++version_;
         step_buffer_.erase(clock);
       }
@@ -448,6 +466,7 @@ class Shard {
     ++buffered_;
     reply_ack(ep, m, true, "");
     if (buffered_ >= buffer_k_) {
+      if (delta_.size() != size()) delta_ = FloatBuffer(size());
       const double inv_k = 1.0 / static_cast<double>(buffered_);
       for (std::size_t i = 0; i < size(); ++i) delta_[i] = static_cast<float>(buffer_sum_[i] * inv_k);
       optimizer_->apply_delta(params_.span(), delta_.span());
@@ -492,6 +511,7 @@ class Shard {
   std::map<NodeId, std::uint64_t> clocks_;
   std::deque<PendingPull> pending_pulls_;
   std::unordered_map<std::string, FloatBuffer> gradients_;
+  std::vector<FloatBuffer> spare_;
   std::map<std::uint64_t, std::map<NodeId, FloatBuffer>> step_buffer_;
   std::set<std::string> rejected_transfers_;
   std::unordered_map<std::string, double> buffered_tasks_;
@@ -1152,6 +1172,7 @@ ConfigSchema config_schema() {
       .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
+      .add("transport.receive_queue", std::int64_t{1}, "chunks queued per client before TCP pushes back")
       .add_section("train", "client-side training options sent to clients (epochs, batch_size, lr, momentum, optimizer, ...)")
       .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
       .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options");
@@ -1187,6 +1208,8 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   auto opts = endpoint_options(config, name);
   opts.pool = &pool;
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
+  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back.
+  opts.receive_queue = static_cast<int>(config.get_int("transport.receive_queue"));
   auto ep = Endpoint::bind(ctx, config.get_string("server.listen"), opts);
   write_port_file(config.get_string("server.port_file"), ep.url());
   COHORT_LOG(Info) << name << " listening on " << ep.url() << (ep.is_secure() ? " (TLS)" : " (plaintext)");

@@ -78,6 +78,7 @@ struct EndpointOptions {
   std::chrono::milliseconds send_timeout{30000};     // blocked longer than this: TimeoutError
   std::chrono::milliseconds transfer_timeout{60000}; // half-received payloads dropped after this
   int heartbeat_ms = 1000;                           // ZMTP heartbeats; peer dead after 5x
+  int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
 };
 
 // A ROUTER's opaque handle for one connected peer (its ZeroMQ routing id). Empty on a DEALER.

@@ -1,0 +1,418 @@
+// cohort-bench-ps: per-client throughput of dense push and pull against real cohort-server
+// processes on loopback (data-parallel ASP mode: every push is applied at once, pulls never wait).
+//
+// Prints one JSON object per line:
+//   {"bench":"ps","op":"push|pull","shards":S,"clients":C,"bytes":N,"mode":"plain|tls","gbps":X,...}
+// gbps is the per-client throughput: bytes / (time from sending to the last shard's answer),
+// the median over repeats of each client, averaged over the clients.
+// The model is an mlp sized so that its parameter vector is exactly N bytes.
+//
+//   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--quick]
+//   cohort-bench-ps --rss-clients 50 --rss-model mlp:1000-10000-10   peak RSS of one shard while
+//                   that many clients push one update each (prints {"bench":"ps_rss",...})
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/endpoint.h"
+#include "cohort/transport/security/keygen.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace cohort;
+using namespace cohort::transport;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw Error("cannot find my own executable");
+  buf[n] = 0;
+  return buf;
+}
+
+pid_t spawn(const std::string& program, std::vector<std::string> args, const std::string& out = "",
+            const std::string& err = "") {
+  args.insert(args.begin(), program);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (!out.empty()) posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 2, err.empty() ? "/dev/null" : err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw Error("cannot start " + program);
+  return pid;
+}
+
+void stop(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGTERM);
+  for (int i = 0; i < 100; ++i) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return;
+    std::this_thread::sleep_for(20ms);
+  }
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+}
+
+std::string read_port(const std::string& file) {
+  for (int i = 0; i < 1000; ++i) {
+    std::ifstream in(file);
+    std::string line;
+    if (std::getline(in, line) && !line.empty()) return line;
+    std::this_thread::sleep_for(10ms);
+  }
+  throw Error("server did not start (" + file + ")");
+}
+
+// An mlp whose parameter vector is exactly `bytes` bytes: in*out + out floats.
+std::string model_of_bytes(std::size_t bytes) {
+  const std::size_t floats = bytes / 4;
+  const std::size_t out = floats >= (std::size_t{1} << 22) ? 1024 : 256;
+  return "mlp:" + std::to_string(floats / out - 1) + "-" + std::to_string(out);
+}
+
+struct Setup {
+  std::string dir, mode, model, bin;
+  int shards = 1, clients = 1;
+  std::vector<std::string> tls(const std::string& name) const {
+    if (mode == "plain") return {"--insecure"};
+    return {"--tls.ca_file=" + dir + "/ca/ca.pem", "--tls.cert_file=" + dir + "/certs/" + name + ".pem",
+            "--tls.key_file=" + dir + "/certs/" + name + ".key"};
+  }
+};
+
+// Starts the shards; returns their pids and the coordinator's url.
+std::pair<std::vector<pid_t>, std::string> start_servers(const Setup& s, const std::vector<std::string>& extra) {
+  std::vector<pid_t> pids;
+  std::filesystem::remove(s.dir + "/port");
+  std::vector<std::string> base{"--shards", std::to_string(s.shards), "--server.mode=dataparallel",
+                                "--server.consistency=asp", "--server.steps=1000000000",
+                                "--server.clients_per_round=" + std::to_string(s.clients),
+                                "--server.min_clients=1000000", "--model.spec=" + s.model,
+                                "--server.metrics_file=", "--server_optimizer.lr=0.0001",
+                                "--log-level", "warn"};
+  base.insert(base.end(), extra.begin(), extra.end());
+  auto args0 = base;
+  args0.insert(args0.end(), {"--shard", "0", "--listen", "tcp://127.0.0.1:*", "--port-file", s.dir + "/port"});
+  for (auto& a : s.tls("shard-0")) args0.push_back(a);
+  pids.push_back(spawn(s.bin + "/cohort-server", args0, "", s.dir + "/shard-0.log"));
+  const std::string url = "tcp://127.0.0.1:" + read_port(s.dir + "/port");
+  for (int i = 1; i < s.shards; ++i) {
+    auto a = base;
+    a.insert(a.end(), {"--shard", std::to_string(i), "--listen", "tcp://127.0.0.1:*", "--coordinator", url});
+    for (auto& t : s.tls("shard-" + std::to_string(i))) a.push_back(t);
+    pids.push_back(spawn(s.bin + "/cohort-server", a, "", s.dir + "/shard-" + std::to_string(i) + ".log"));
+  }
+  return {pids, url};
+}
+
+// ---- the worker role: one client process ---------------------------------------------------
+
+struct Worker {
+  Context ctx;
+  ThreadPool pool{2};
+  std::optional<Endpoint> coordinator;
+  std::vector<std::unique_ptr<Endpoint>> eps;
+  std::vector<ShardInfo> shards;
+  std::string name;
+
+  EndpointOptions options(const Setup& s, const std::string& peer) {
+    EndpointOptions o;
+    o.node_id = name;
+    o.pool = &pool;
+    o.security.insecure = s.mode == "plain";
+    o.security.ca_file = s.dir + "/ca/ca.pem";
+    o.security.cert_file = s.dir + "/certs/" + name + ".pem";
+    o.security.key_file = s.dir + "/certs/" + name + ".key";
+    o.security.expected_peer = peer;
+    return o;
+  }
+
+  void join(const Setup& s, const std::string& url) {
+    coordinator.emplace(Endpoint::connect(ctx, url, options(s, "")));
+    const auto deadline = Clock::now() + 60s;
+    while (Clock::now() < deadline) {
+      Envelope e;
+      e.body = Register{Role::kClient, 1, "cpu", "", 0, 0, ""};
+      coordinator->send({}, std::move(e));
+      const auto until = Clock::now() + 500ms;
+      while (Clock::now() < until) {
+        auto m = coordinator->receive(50ms);
+        if (!m) continue;
+        if (auto* w = std::get_if<Welcome>(&m->envelope.body)) {
+          shards = w->shards;
+          for (const auto& sh : shards) {
+            eps.push_back(sh.index == 0 ? nullptr
+                                        : std::make_unique<Endpoint>(Endpoint::connect(ctx, sh.url, options(s, sh.node_id))));
+          }
+          for (auto& ep : eps) if (ep) ep->wait_ready(20s);
+          return;
+        }
+      }
+    }
+    throw TimeoutError("no welcome from the coordinator");
+  }
+  Endpoint& ep(std::size_t i) { return eps[i] ? *eps[i] : *coordinator; }
+
+  // Sends to every shard, then waits for each answer.
+  template <typename Make, typename Done>
+  void round_trip(Make make, Done done) {
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      auto [e, payload] = make(i);
+      ep(i).send({}, std::move(e), payload);
+    }
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      const auto deadline = Clock::now() + 60s;
+      for (;;) {
+        if (Clock::now() > deadline) throw TimeoutError("no answer from shard " + std::to_string(i));
+        auto m = ep(i).receive(100ms);
+        if (m && done(*m)) break;
+      }
+    }
+  }
+};
+
+int worker_main(const Setup& s, const std::string& url, int repeats, const std::string& op) {
+  Worker w;
+  w.name = "client-" + std::to_string(s.clients);  // --clients carries this worker's index here
+  w.join(s, url);
+  std::uint64_t total = 0;
+  for (const auto& sh : w.shards) total = std::max(total, sh.end);
+  auto grad = std::make_shared<std::vector<float>>(total, 1e-6f);
+  const auto bytes = std::as_bytes(std::span<const float>(*grad));
+  std::uint64_t clock = 0;
+  auto push = [&] {
+    w.round_trip(
+        [&](std::size_t i) {
+          const auto& sh = w.shards[i];
+          Envelope e;
+          e.round = 1;
+          e.body = Push{sh.index, sh.begin, sh.end, 1, clock, Encoding::kDenseF32, PushKind::kGradient, 0, clock, sh.end - sh.begin};
+          return std::pair{std::move(e), Payload{bytes.subspan(sh.begin * 4, (sh.end - sh.begin) * 4), grad}};
+        },
+        [&](const Message& m) { return std::holds_alternative<PushAck>(m.envelope.body); });
+    ++clock;
+  };
+  auto pull = [&] {
+    w.round_trip(
+        [&](std::size_t i) {
+          const auto& sh = w.shards[i];
+          Envelope e;
+          e.round = 1;
+          e.body = Pull{sh.index, sh.begin, sh.end, clock};
+          return std::pair{std::move(e), Payload{}};
+        },
+        [&](const Message& m) { return std::holds_alternative<PullReply>(m.envelope.body); });
+  };
+  nlohmann::json out;
+  if (op == "rss") {  // one federated delta push, as a client in round 1
+    w.round_trip(
+        [&](std::size_t i) {
+          const auto& sh = w.shards[i];
+          Envelope e;
+          e.round = 1;
+          e.body = Push{sh.index, sh.begin, sh.end, 100, 0, Encoding::kDenseF32, PushKind::kDelta, 0, 0, sh.end - sh.begin};
+          return std::pair{std::move(e), Payload{bytes.subspan(sh.begin * 4, (sh.end - sh.begin) * 4), grad}};
+        },
+        [&](const Message& m) {
+          if (auto* a = std::get_if<PushAck>(&m.envelope.body)) {
+            out["accepted"] = a->accepted;
+            return true;
+          }
+          return false;
+        });
+    std::printf("%s\n", out.dump().c_str());
+    return 0;
+  }
+  for (int i = 0; i < 2; ++i) {  // warm up pools, connections and the shards' buffers
+    push();
+    pull();
+  }
+  std::vector<double> push_s, pull_s;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    push();
+    push_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    t0 = Clock::now();
+    pull();
+    pull_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  out["push_gbps"] = static_cast<double>(bytes.size()) / median(push_s) / 1e9;
+  out["pull_gbps"] = static_cast<double>(bytes.size()) / median(pull_s) / 1e9;
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, int repeats, const std::string& op) {
+  std::vector<pid_t> pids;
+  for (int c = 0; c < s.clients; ++c) {
+    pids.push_back(spawn(self_path(), {"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
+                                       "--index", std::to_string(c), "--repeats", std::to_string(repeats),
+                                       "--op", op},
+                         s.dir + "/worker-" + std::to_string(c) + ".out", s.dir + "/worker-" + std::to_string(c) + ".err"));
+  }
+  std::vector<nlohmann::json> results;
+  for (int c = 0; c < s.clients; ++c) {
+    int st = 0;
+    waitpid(pids[static_cast<std::size_t>(c)], &st, 0);
+    std::ifstream in(s.dir + "/worker-" + std::to_string(c) + ".out");
+    std::string line;
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !std::getline(in, line)) {
+      std::ifstream err(s.dir + "/worker-" + std::to_string(c) + ".err");
+      std::stringstream ss;
+      ss << err.rdbuf();
+      throw Error("worker " + std::to_string(c) + " failed: " + ss.str().substr(0, 2000));
+    }
+    results.push_back(nlohmann::json::parse(line));
+  }
+  return results;
+}
+
+std::uint64_t peak_rss_kib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      std::uint64_t v = 0;
+      in >> v;
+      return v;
+    }
+    std::string rest;
+    std::getline(in, rest);
+  }
+  return 0;
+}
+
+void make_pki(const std::string& dir, int shards, int clients) {
+  security::generate_ca(std::filesystem::path(dir) / "ca");
+  for (int i = 0; i < shards; ++i) security::generate_node(std::filesystem::path(dir) / "ca", "shard-" + std::to_string(i), std::filesystem::path(dir) / "certs");
+  for (int i = 0; i < clients; ++i) security::generate_node(std::filesystem::path(dir) / "ca", "client-" + std::to_string(i), std::filesystem::path(dir) / "certs");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Parameter-server push/pull throughput between real processes on loopback (JSON lines)."};
+  std::vector<std::size_t> sizes{1, 16, 64};
+  std::vector<std::string> modes{"plain", "tls"};
+  int repeats = 7, rss_clients = 0;
+  bool quick = false;
+  std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
+  int index = 0;
+  app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB");
+  app.add_option("--modes", modes, "plain and/or tls");
+  app.add_option("--repeats", repeats, "timed pushes and pulls per client");
+  app.add_flag("--quick", quick, "tiny run for smoke tests");
+  app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
+  app.add_option("--rss-model", rss_model, "model for --rss-clients");
+  app.add_option("--role", role, "internal");
+  app.add_option("--dir", dir, "internal");
+  app.add_option("--mode", mode, "internal");
+  app.add_option("--url", url, "internal");
+  app.add_option("--index", index, "internal");
+  app.add_option("--op", op, "internal");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    set_log_level(LogLevel::Error);
+    const std::string bin = std::filesystem::path(self_path()).parent_path().string();
+    if (role == "worker") {
+      Setup s{dir, mode, "", bin, 1, index};
+      return worker_main(s, url, repeats, op);
+    }
+    const auto tmp = std::filesystem::temp_directory_path() / ("cohort-bench-ps-" + std::to_string(getpid()));
+    std::filesystem::create_directories(tmp);
+    struct Cleanup {
+      std::filesystem::path p;
+      ~Cleanup() {
+        std::error_code ec;
+        std::filesystem::remove_all(p, ec);
+      }
+    } cleanup{tmp};
+    if (rss_clients > 0) {
+      make_pki(tmp.string(), 1, rss_clients);
+      const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
+      Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients};
+      auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=1000000"});
+      std::this_thread::sleep_for(300ms);
+      const auto base_kib = peak_rss_kib(pids[0]);
+      const auto t0 = Clock::now();
+      auto results = run_workers(s, coord, 1, "rss");
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      const auto peak_kib = peak_rss_kib(pids[0]);
+      int accepted = 0;
+      for (auto& r : results) accepted += r.value("accepted", false) ? 1 : 0;
+      for (auto p : pids) stop(p);
+      std::printf("{\"bench\":\"ps_rss\",\"clients\":%d,\"accepted\":%d,\"model_bytes\":%zu,\"mode\":\"%s\","
+                  "\"baseline_rss_mib\":%.1f,\"peak_rss_mib\":%.1f,\"peak_over_model\":%.2f,\"seconds\":%.2f}\n",
+                  rss_clients, accepted, params * 4, s.mode.c_str(), static_cast<double>(base_kib) / 1024,
+                  static_cast<double>(peak_kib) / 1024,
+                  static_cast<double>(peak_kib) * 1024 / static_cast<double>(params * 4), secs);
+      return accepted == rss_clients ? 0 : 1;
+    }
+    if (quick) {
+      sizes = {1};
+      repeats = 2;
+    }
+    make_pki(tmp.string(), 2, 2);
+    const std::vector<std::pair<int, int>> layouts{{1, 1}, {1, 2}, {2, 2}};
+    for (const auto& m : modes) {
+      for (auto [shards, clients] : layouts) {
+        if (quick && (shards != 1 || clients != 1)) continue;
+        for (std::size_t mib : sizes) {
+          Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients};
+          auto [pids, coord] = start_servers(s, {});
+          std::vector<nlohmann::json> results;
+          try {
+            results = run_workers(s, coord, repeats, "bench");
+          } catch (...) {
+            for (auto p : pids) stop(p);
+            throw;
+          }
+          for (auto p : pids) stop(p);
+          for (const char* opname : {"push", "pull"}) {
+            double sum = 0;
+            for (auto& r : results) sum += r[std::string(opname) + "_gbps"].get<double>();
+            std::printf("{\"bench\":\"ps\",\"op\":\"%s\",\"shards\":%d,\"clients\":%d,\"bytes\":%zu,"
+                        "\"mode\":\"%s\",\"gbps\":%.3f,\"repeats\":%d}\n",
+                        opname, shards, clients, mib << 20, m.c_str(), sum / static_cast<double>(results.size()),
+                        repeats);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cohort-bench-ps: %s\n", e.what());
+    return 1;
+  }
+}
