@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "builtins.h"
 #include "cohort/core/error.h"
 
 namespace cohort::aggregation {
@@ -63,7 +64,7 @@ bool FedAvg::finish_round(std::span<float> out) {
   return true;
 }
 
-void add_builtin_aggregators(AggregatorRegistry& registry) {
+void detail::add_fedavg_aggregator(AggregatorRegistry& registry) {
   registry.add("fedavg", [](const ConfigSection& options) {
     const std::string_view known[] = {"name"};
     options.require_known(known);

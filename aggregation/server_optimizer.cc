@@ -1,5 +1,7 @@
 #include "cohort/aggregation/server_optimizer.h"
 
+#include "builtins.h"
+
 #include "cohort/core/error.h"
 
 namespace cohort::aggregation {
@@ -72,6 +74,7 @@ void add_builtin_server_optimizers(ServerOptimizerRegistry& registry) {
     }
     return std::make_unique<ServerMomentum>(lr, beta);
   });
+  detail::add_fedopt_server_optimizers(registry);
 }
 
 }  // namespace cohort::aggregation

@@ -170,6 +170,7 @@ int main(int argc, char** argv) {
       cnn.conv2d(1, 32, 5).relu().maxpool2d(2).conv2d(32, 64, 5).relu().maxpool2d(2).flatten()
           .linear(1024, 512).relu().linear(512, 10);
       bench_network(a, *device, "cnn:2conv-nopad", cnn);
+      bench_network(a, *device, "cnn:lenet5", cohort::kernels::make_network_spec("cnn:lenet5"));
     }
     if (a.only.empty() || a.only == "primitives") bench_primitives(a);
   } catch (const std::exception& e) {

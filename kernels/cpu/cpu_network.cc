@@ -15,6 +15,7 @@
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/optimizer.h"
 #include "layers.h"
+#include "nhwc_conv.h"
 
 namespace cohort::kernels::cpu {
 namespace {
@@ -22,14 +23,30 @@ namespace {
 // Optimizer steps are memory-bound: split only vectors big enough to amortise a hand-off.
 constexpr std::size_t kOptimizerGrain = 1 << 16;
 
-// One executed layer. Flatten and a ReLU that follows a linear or conv2d layer (fused into it)
-// produce no op.
+// One executed step: a layer, or a change of activation layout. Flatten and a ReLU that follows
+// a linear or conv2d layer (fused into it) produce no op.
+//
+// Layouts: stride-1 convolutions run channels-last (NhwcConv), and so do the max-pool, ReLU
+// and dropout-free stretches between them; linear, dropout (its mask is indexed in NCHW order,
+// shared with CUDA) and the logits need NCHW. A kToNhwc / kToNchw op converts where the layout
+// changes and the two layouts differ (more than one channel and more than one position); its
+// backward converts the gradient back. Each op's gradient has its output's layout.
+enum class OpKind { kLayer, kToNhwc, kToNchw };
+
 struct Op {
-  const LayerSpec* layer = nullptr;
+  OpKind kind = OpKind::kLayer;
+  const LayerSpec* layer = nullptr;  // kLayer only
   std::size_t index = 0;  // into spec.layers(), for dropout keys
   bool relu = false;      // fused ReLU on the output
+  bool nhwc = false;      // layout of the output (and of its gradient)
+  bool needs_dx = true;   // some earlier op has parameters, so backward must produce dx
+  // A fused ReLU directly followed by a max-pool: the pool's backward applies the ReLU mask
+  // (by its own output, the ReLU output it picked), so this op's backward reads no mask.
+  bool relu_in_pool = false;
   ConvGeometry conv{};
   PoolGeometry pool{};
+  Shape shape{};                        // kToNhwc, kToNchw: the activation converted
+  std::unique_ptr<NhwcConv> fast_conv;  // conv2d on the channels-last path
   std::size_t in_size = 0;   // floats per sample
   std::size_t out_size = 0;
 };
@@ -45,19 +62,69 @@ class CpuNetwork final : public Network {
         grads_(spec.parameter_count()) {
     if (spec.layers().empty()) throw KernelError("network has no layers");
     const auto layers = spec.layers();
+    bool nhwc = false;  // layout of the current activation
+    const auto to_layout = [&](bool want, const Shape& shape) {
+      if (nhwc == want) return;
+      nhwc = want;
+      if (shape.channels <= 1 || shape.height * shape.width <= 1) return;  // same bytes
+      Op op;
+      op.kind = want ? OpKind::kToNhwc : OpKind::kToNchw;
+      op.nhwc = want;
+      op.shape = shape;
+      op.in_size = op.out_size = shape.size();
+      ops_.push_back(std::move(op));
+    };
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const LayerSpec& l = layers[i];
-      if (l.kind == LayerKind::kFlatten) continue;
-      if (l.kind == LayerKind::kRelu && !ops_.empty() && !ops_.back().relu &&
+      if (l.kind == LayerKind::kFlatten) {
+        to_layout(false, l.input);
+        continue;
+      }
+      if (l.kind == LayerKind::kRelu && !ops_.empty() && ops_.back().layer != nullptr &&
+          !ops_.back().relu &&
           (ops_.back().layer->kind == LayerKind::kLinear ||
            ops_.back().layer->kind == LayerKind::kConv2d)) {
         ops_.back().relu = true;
         continue;
       }
-      Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
-      if (l.kind == LayerKind::kConv2d) op.conv = conv_geometry(l);
-      if (l.kind == LayerKind::kMaxPool2d) op.pool = pool_geometry(l);
-      ops_.push_back(op);
+      Op op;
+      op.layer = &l;
+      op.index = i;
+      op.in_size = l.input.size();
+      op.out_size = l.output.size();
+      switch (l.kind) {
+        case LayerKind::kConv2d:
+          op.conv = conv_geometry(l);
+          if (NhwcConv::supports(op.conv)) {
+            op.fast_conv = std::make_unique<NhwcConv>(op.conv, NhwcConv::choose(op.conv));
+          }
+          to_layout(op.fast_conv != nullptr, l.input);
+          break;
+        case LayerKind::kMaxPool2d:
+          op.pool = pool_geometry(l);
+          break;
+        case LayerKind::kLinear:
+        case LayerKind::kDropout:
+          to_layout(false, l.input);
+          break;
+        case LayerKind::kRelu:
+        case LayerKind::kFlatten:
+          break;
+      }
+      op.nhwc = nhwc;
+      ops_.push_back(std::move(op));
+    }
+    to_layout(false, layers.back().output);
+    for (std::size_t i = 1; i < ops_.size(); ++i) {
+      if (ops_[i].layer != nullptr && ops_[i].layer->kind == LayerKind::kMaxPool2d &&
+          ops_[i - 1].layer != nullptr && ops_[i - 1].relu) {
+        ops_[i - 1].relu_in_pool = true;
+      }
+    }
+    bool has_parameters = false;
+    for (Op& op : ops_) {
+      op.needs_dx = has_parameters;
+      if (op.layer != nullptr && op.layer->weight_count > 0) has_parameters = true;
     }
     outputs_.resize(ops_.size());
     masks_.resize(ops_.size());
@@ -96,9 +163,20 @@ class CpuNetwork final : public Network {
     }
     input_ptr_ = x;
     for (std::size_t i = 0; i < ops_.size(); ++i) {
-      const Op& op = ops_[i];
-      const LayerSpec& l = *op.layer;
+      Op& op = ops_[i];
       float* y = outputs_[i].data();
+      if (op.kind != OpKind::kLayer) {
+        const std::size_t plane = op.shape.height * op.shape.width;
+        if (op.kind == OpKind::kToNhwc) {
+          nchw_to_nhwc(exec_, x, y, batch, op.shape.channels, plane);
+        } else {
+          nhwc_to_nchw(exec_, x, y, batch, op.shape.channels, plane);
+        }
+        out_ptrs_[i] = y;
+        x = y;
+        continue;
+      }
+      const LayerSpec& l = *op.layer;
       const float* w = params_.data() + l.weight_offset;
       const float* b = params_.data() + l.bias_offset;
       switch (l.kind) {
@@ -106,13 +184,21 @@ class CpuNetwork final : public Network {
           linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
           break;
         case LayerKind::kConv2d:
-          conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
+          if (op.fast_conv != nullptr) {
+            op.fast_conv->forward(exec_, x, w, b, y, batch, op.relu);
+          } else {
+            conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
+          }
           break;
         case LayerKind::kRelu:
           relu_forward(x, y, batch * op.out_size);
           break;
         case LayerKind::kMaxPool2d:
-          maxpool2d_forward(exec_, x, y, argmax_[i].data(), batch, op.pool);
+          if (op.nhwc) {
+            maxpool2d_forward_nhwc(exec_, x, y, argmax_[i].data(), batch, op.pool);
+          } else {
+            maxpool2d_forward(exec_, x, y, argmax_[i].data(), batch, op.pool);
+          }
           break;
         case LayerKind::kDropout:
           if (training && l.drop_probability > 0.0f) {
@@ -141,28 +227,49 @@ class CpuNetwork final : public Network {
     float* dx = grad_b_.data();
     std::memcpy(dy, dlogits.data(), dlogits.size_bytes());  // kernels may mask it in place
     for (std::size_t i = ops_.size(); i-- > 0;) {
-      const Op& op = ops_[i];
+      Op& op = ops_[i];
+      float* want_dx = op.needs_dx ? dx : nullptr;
+      if (op.kind != OpKind::kLayer) {
+        if (want_dx == nullptr) break;  // nothing earlier has parameters
+        const std::size_t plane = op.shape.height * op.shape.width;
+        if (op.kind == OpKind::kToNhwc) {
+          nhwc_to_nchw(exec_, dy, want_dx, batch_, op.shape.channels, plane);
+        } else {
+          nchw_to_nhwc(exec_, dy, want_dx, batch_, op.shape.channels, plane);
+        }
+        std::swap(dx, dy);
+        continue;
+      }
       const LayerSpec& l = *op.layer;
       const float* x = i == 0 ? input_ptr_ : out_ptrs_[i - 1];
       const float* y = out_ptrs_[i];
-      float* want_dx = i == 0 ? nullptr : dx;
+      const float* relu_y = op.relu && !op.relu_in_pool ? y : nullptr;
+      const float* pool_y = i > 0 && ops_[i - 1].relu_in_pool ? y : nullptr;
       const float* w = params_.data() + l.weight_offset;
       float* dw = grads_.data() + l.weight_offset;
       float* db = grads_.data() + l.bias_offset;
       const std::size_t n = batch_;
       switch (l.kind) {
         case LayerKind::kLinear:
-          linear_backward(exec_, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, n, l.in,
-                          l.out);
+          linear_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, l.in, l.out);
           break;
         case LayerKind::kConv2d:
-          conv2d_backward(exec_, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, n, op.conv);
+          if (op.fast_conv != nullptr) {
+            op.fast_conv->backward(exec_, w, dy, relu_y, dw, db, want_dx, n);
+          } else {
+            conv2d_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, op.conv);
+          }
           break;
         case LayerKind::kRelu:
           if (want_dx != nullptr) relu_backward(y, dy, want_dx, n * op.out_size);
           break;
         case LayerKind::kMaxPool2d:
-          if (want_dx != nullptr) maxpool2d_backward(exec_, dy, argmax_[i].data(), want_dx, n, op.pool);
+          if (want_dx == nullptr) break;
+          if (op.nhwc) {
+            maxpool2d_backward_nhwc(exec_, dy, argmax_[i].data(), want_dx, n, op.pool, pool_y);
+          } else {
+            maxpool2d_backward(exec_, dy, argmax_[i].data(), want_dx, n, op.pool, pool_y);
+          }
           break;
         case LayerKind::kDropout:
           if (want_dx == nullptr) break;
@@ -176,6 +283,7 @@ class CpuNetwork final : public Network {
           break;
       }
       std::swap(dx, dy);
+      if (!op.needs_dx) break;  // nothing earlier has parameters
     }
   }
 
@@ -249,6 +357,7 @@ class CpuNetwork final : public Network {
       const Op& op = ops_[i];
       widest = std::max({widest, op.in_size, op.out_size});
       outputs_[i] = FloatBuffer(batch * op.out_size);
+      if (op.layer == nullptr) continue;
       if (op.layer->kind == LayerKind::kDropout) masks_[i] = FloatBuffer(batch * op.out_size);
       if (op.layer->kind == LayerKind::kMaxPool2d) argmax_[i].assign(batch * op.out_size, 0);
     }

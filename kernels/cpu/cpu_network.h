@@ -1,4 +1,5 @@
-// The CPU implementation of Network (network.h), built on the Eigen kernels in layers.h.
+// The CPU implementation of Network (network.h), built on the kernels in layers.h and
+// nhwc_conv.h (stride-1 convolutions run channels-last; the network converts layouts).
 #pragma once
 
 #include <memory>

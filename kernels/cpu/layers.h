@@ -1,9 +1,12 @@
-// CPU layer kernels (Eigen GEMMs behind raw pointers), used by CpuNetwork and tested directly.
+// CPU layer kernels behind raw pointers, used by CpuNetwork and tested directly: GEMM-based
+// (gemm.h, the AVX2 micro-kernels of microkernels.h for linear layers) with Eigen for the rest.
+// Stride-1 convolutions have a faster channels-last path in nhwc_conv.h.
 //
-// Layout: NCHW, batch-major, contiguous; weights as in network.h. Every function processes n
-// samples. backward functions overwrite (never accumulate into) dw, db and dx; dx == nullptr skips
-// the input gradient (the first layer never needs it). Work is split over exec.pool when there is
-// one; exec.workspace provides per-part scratch that grows once and is then reused.
+// Layout: NCHW (unless a name says _nhwc), batch-major, contiguous; weights as in network.h.
+// Every function processes n samples. backward functions overwrite (never accumulate into) dw,
+// db and dx; dx == nullptr skips the input gradient (the first layer never needs it). Work is
+// split over exec.pool when there is one; exec.workspace provides per-part scratch that grows
+// once and is then reused.
 #pragma once
 
 #include <array>
@@ -80,8 +83,25 @@ void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy
 // argmax receives, per output element, the index of the chosen input within its channel plane.
 void maxpool2d_forward(Exec& exec, const float* x, float* y, std::int32_t* argmax, std::size_t n,
                        const PoolGeometry& g);
+// When pool_y is not null (the pool's output, after a ReLU that precedes the pool), dy is dropped
+// where pool_y <= 0: the ReLU's backward, fused (the pool passes on the ReLU output at argmax).
 void maxpool2d_backward(Exec& exec, const float* dy, const std::int32_t* argmax, float* dx,
-                        std::size_t n, const PoolGeometry& g);
+                        std::size_t n, const PoolGeometry& g, const float* pool_y = nullptr);
+
+// Channels-last (NHWC, [n][H][W][C]) max pooling, for activations on the NhwcConv path: the
+// same values, gradients and argmax convention (index within the channel plane; the first
+// maximum wins; a NaN wins and stays) as the NCHW functions above.
+void maxpool2d_forward_nhwc(Exec& exec, const float* x, float* y, std::int32_t* argmax,
+                            std::size_t n, const PoolGeometry& g);
+void maxpool2d_backward_nhwc(Exec& exec, const float* dy, const std::int32_t* argmax, float* dx,
+                             std::size_t n, const PoolGeometry& g, const float* pool_y = nullptr);
+
+// Layout changes of n samples of `channels` planes of `plane` (= H * W) floats:
+// [n][channels][plane] <-> [n][plane][channels]. x and y must not overlap.
+void nchw_to_nhwc(Exec& exec, const float* x, float* y, std::size_t n, std::size_t channels,
+                  std::size_t plane);
+void nhwc_to_nchw(Exec& exec, const float* x, float* y, std::size_t n, std::size_t channels,
+                  std::size_t plane);
 
 // mask[i] = 0 with probability p (drawn from counter_uniform(key, i)), else 1 / (1 - p);
 // y = x * mask.

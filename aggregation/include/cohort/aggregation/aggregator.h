@@ -52,6 +52,9 @@ class Aggregator {
   virtual void end_update(ClientId client, bool complete) = 0;
   // Updates completed (end_update with complete == true) since begin_round().
   [[nodiscard]] virtual std::size_t completed_updates() const = 0;
+  // The fewest complete updates with which finish_round() can succeed (Krum needs 2f + 3, Bulyan
+  // 4f + 3). A shard should not close a round on fewer; finish_round() returns false if it does.
+  [[nodiscard]] virtual std::size_t min_updates() const { return 1; }
   // Writes the round's aggregate delta. REQUIRES out.size() == size. Returns false if no update
   // (or too few for the rule) arrived; out is then untouched.
   [[nodiscard]] virtual bool finish_round(std::span<float> out) = 0;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include "cohort/aggregation/aggregator.h"
+#include "cohort/aggregation/client_selector.h"
+#include "cohort/aggregation/compressor.h"
 #include "cohort/aggregation/server_optimizer.h"
 
 namespace cohort {
@@ -10,6 +12,8 @@ namespace cohort {
 struct Registries {
   aggregation::AggregatorRegistry aggregators;
   aggregation::ServerOptimizerRegistry server_optimizers;
+  aggregation::CompressorRegistry compressors;
+  aggregation::ClientSelectorRegistry client_selectors;
 };
 
 // Registries holding every built-in rule.
