@@ -19,6 +19,21 @@ TEST_CASE("FloatBuffer is aligned, zeroed and resizes keeping its prefix") {
   CHECK(b[3] == 7.0f);
 }
 
+TEST_CASE("a moved-from FloatBuffer is empty, so code that recycles it never sees a dead buffer") {
+  cohort::FloatBuffer a(64);
+  a[5] = 2.0f;
+  cohort::FloatBuffer b(std::move(a));
+  CHECK(a.empty());  // NOLINT(bugprone-use-after-move): the state after a move is the contract
+  CHECK(a.data() == nullptr);
+  CHECK(b.size() == 64);
+  CHECK(b[5] == 2.0f);
+  cohort::FloatBuffer c(8);
+  c = std::move(b);
+  CHECK(b.empty());  // NOLINT(bugprone-use-after-move)
+  CHECK(c.size() == 64);
+  CHECK(c[5] == 2.0f);
+}
+
 TEST_CASE("BufferPool reuses blocks instead of allocating per request") {
   auto pool = cohort::BufferPool::create();
   const std::byte* first = nullptr;

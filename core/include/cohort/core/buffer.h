@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -18,14 +19,20 @@ namespace cohort {
 // Alignment of every buffer: one cache line, and enough for AVX-512 loads.
 inline constexpr std::size_t kBufferAlignment = 64;
 
-// An owning, 64-byte aligned, zero-initialised float array. Move-only. Not thread-safe.
+// An owning, 64-byte aligned, zero-initialised float array. Move-only; a moved-from buffer is
+// empty. Not thread-safe.
 class FloatBuffer {
  public:
   FloatBuffer() = default;
   explicit FloatBuffer(std::size_t size);
   FloatBuffer(std::span<const float> values);  // NOLINT: copies
-  FloatBuffer(FloatBuffer&&) noexcept = default;
-  FloatBuffer& operator=(FloatBuffer&&) noexcept = default;
+  FloatBuffer(FloatBuffer&& other) noexcept
+      : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)) {}
+  FloatBuffer& operator=(FloatBuffer&& other) noexcept {
+    data_ = std::move(other.data_);
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
   FloatBuffer(const FloatBuffer&) = delete;
   FloatBuffer& operator=(const FloatBuffer&) = delete;
 
