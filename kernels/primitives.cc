@@ -3,6 +3,8 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <cstring>
 
 #include "check.h"
 #include "parallel.h"
@@ -33,6 +35,23 @@ void axpy(float alpha, std::span<const float> x, std::span<float> y) {
 }
 
 void scale(float alpha, std::span<float> x) { map(x) *= alpha; }
+
+bool copy_finite(std::span<const float> src, std::span<float> dst) {
+  detail::check_size("copy_finite", dst.size(), src.size());
+  // A float is non-finite exactly when its exponent bits are all ones. OR-reducing "exponent ==
+  // all ones" with no early exit lets the compiler vectorise the copy and the test together.
+  constexpr std::uint32_t kExponent = 0x7f800000u;
+  std::uint32_t bad = 0;
+  const float* s = src.data();
+  float* d = dst.data();
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, s + i, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & kExponent) == kExponent);
+    d[i] = s[i];
+  }
+  return bad == 0;
+}
 
 double dot(std::span<const float> x, std::span<const float> y) {
   detail::check_size("dot", x.size(), y.size());

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -11,6 +12,28 @@
 
 namespace cohort::kernels {
 namespace {
+
+TEST_CASE("copy_finite copies everything and flags NaN, +Inf and -Inf anywhere") {
+  std::vector<float> src(1037);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i) - 500.5f;
+  src[7] = 3.4e38f;  // large but finite
+  src[8] = std::numeric_limits<float>::denorm_min();
+  std::vector<float> dst(src.size());
+  CHECK(copy_finite(src, dst));
+  CHECK(dst == src);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    for (std::size_t at : {std::size_t{0}, std::size_t{513}, src.size() - 1}) {
+      auto s = src;
+      s[at] = bad;
+      std::fill(dst.begin(), dst.end(), 0.0f);
+      CHECK_FALSE(copy_finite(s, dst));
+      CHECK(dst[at + (at == 0 ? 1 : -1)] == s[at + (at == 0 ? 1 : -1)]);
+    }
+  }
+  std::vector<float> shorter(3);
+  CHECK_THROWS_AS((void)copy_finite(src, shorter), KernelError);
+}
 
 TEST_CASE("axpy, scale, dot and l2_norm on known values") {
   std::vector<float> y{1, 2, 3};

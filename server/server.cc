@@ -24,6 +24,7 @@
 #include "cohort/server/checkpoint.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/kernels/primitives.h"
 
 namespace cohort::server {
 namespace {
@@ -369,7 +370,16 @@ class Shard {
       reply_ack(ep, m, false, "misaligned chunk");
       return;
     }
-    std::memcpy(reinterpret_cast<std::byte*>(it->second.data()) + m.offset, bytes.data(), bytes.size());
+    // Copied and checked for NaN/Inf in one pass, chunk by chunk, while the data is hot.
+    const std::span<const float> values(reinterpret_cast<const float*>(bytes.data()),
+                                        bytes.size() / sizeof(float));
+    if (!kernels::copy_finite(values, it->second.span().subspan(m.offset / sizeof(float), values.size()))) {
+      spare_.push_back(std::move(it->second));
+      gradients_.erase(it);
+      if (!m.complete) rejected_transfers_.insert(key);  // drop the rest of this transfer
+      reply_ack(ep, m, false, "gradient has non-finite values");
+      return;
+    }
     if (!m.complete) return;
     FloatBuffer g = std::move(it->second);
     gradients_.erase(it);
@@ -380,12 +390,6 @@ class Shard {
         if (!buf.empty()) spare.push_back(std::move(buf));
       }
     } recycle{spare_, g};
-    for (float v : g) {
-      if (!std::isfinite(v)) {
-        reply_ack(ep, m, false, "gradient has non-finite values");
-        return;
-      }
-    }
     const std::uint64_t clock = clocks_[m.sender]++;
     if (consistency_ == "bsp") {
       step_buffer_[clock][m.sender] = std::move(g);

@@ -20,6 +20,10 @@ namespace cohort::kernels {
 void axpy(float alpha, std::span<const float> x, std::span<float> y);
 // x *= alpha.
 void scale(float alpha, std::span<float> x);
+// dst = src, in one pass that also tells whether every value is finite (no NaN, no Inf). A server
+// receiving an update copies it anyway: checking on the way costs no extra pass over memory. The
+// whole span is copied even when a non-finite value is found. REQUIRES dst.size() == src.size().
+[[nodiscard]] bool copy_finite(std::span<const float> src, std::span<float> dst);
 // sum_i x[i] * y[i], accumulated in double.
 double dot(std::span<const float> x, std::span<const float> y);
 // sqrt(sum_i x[i]^2), accumulated in double.
