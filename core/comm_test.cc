@@ -47,7 +47,7 @@ TEST_CASE("in-memory comm across threads, and a killed rank drops out") {
   std::thread peer([&] {
     std::vector<float> v(1000);
     for (int i = 0; i < 100; ++i) {
-      REQUIRE(recv_floats(net.comm(1), 0, i, v, 10s));
+      if (!recv_floats(net.comm(1), 0, i, v, 10s)) return;  // the main thread's check fails
       v[0] += 1;
       send_floats(net.comm(1), 0, i, v);
     }
