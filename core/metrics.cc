@@ -17,7 +17,8 @@ std::string MetricsSink::encode(std::string_view event, const std::vector<Metric
   nlohmann::ordered_json j;
   j["event"] = event;
   for (const auto& [k, v] : fields) {
-    std::visit([&](const auto& x) { j[k] = x; }, v);
+    const auto& key = k;  // clang 14 cannot capture a structured binding
+    std::visit([&](const auto& x) { j[key] = x; }, v);
   }
   return j.dump();
 }

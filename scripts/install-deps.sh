@@ -14,6 +14,7 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   iproute2 nftables
+  clang libclang-rt-14-dev
   python3-yaml
 )
 

@@ -20,6 +20,11 @@ std::string text(capnp::Text::Reader t, const char* field) {
     throw ProtocolError(std::string("field '") + field + "' is " + std::to_string(t.size()) +
                         " bytes long (limit " + std::to_string(kMaxTextBytes) + ")");
   }
+  // Text is NUL-terminated on the wire and in every C API it reaches (urls, node ids, logs): an
+  // embedded NUL would make the text checked here differ from the text used.
+  if (std::memchr(t.cStr(), '\0', t.size()) != nullptr) {
+    throw ProtocolError(std::string("field '") + field + "' contains a NUL byte");
+  }
   return std::string(t.cStr(), t.size());
 }
 
@@ -313,12 +318,13 @@ Envelope decode(std::span<const std::byte> bytes) {
                         " bytes is not a whole number of 8-byte words");
   }
   // Cap'n Proto reads words in place; copy when ZeroMQ handed us unaligned bytes.
-  std::vector<capnp::word> aligned;
+  // (kj::Array, not std::vector: capnp::word is not copyable, which clang's library rejects.)
+  kj::Array<capnp::word> aligned;
   const capnp::word* words = reinterpret_cast<const capnp::word*>(bytes.data());
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(capnp::word) != 0) {
-    aligned.resize(bytes.size() / sizeof(capnp::word));
-    std::memcpy(aligned.data(), bytes.data(), bytes.size());
-    words = aligned.data();
+    aligned = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+    std::memcpy(aligned.begin(), bytes.data(), bytes.size());
+    words = aligned.begin();
   }
   try {
     capnp::ReaderOptions options;
