@@ -2,6 +2,7 @@
 #include <csignal>
 #include <cstdio>
 
+#include "cohort/aggregation/plugin.h"
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
@@ -18,9 +19,11 @@ int main(int argc, char** argv) {
   CLI::App app{"cohort-server: a parameter-server shard of a Cohort federation. Shard 0 also runs\n"
                "the coordinator (membership, rounds, deadlines, evaluation, metrics.jsonl).\n"
                "TLS is on by default: give tls.ca_file, tls.cert_file and tls.key_file (make them\n"
-               "with cohort-keygen), or --insecure for plaintext."};
+               "with cohort-keygen), or --insecure for plaintext. Rules not built in come from\n"
+               "--plugin FILE.so (see cohort/aggregation/plugin.h) and are picked by name like\n"
+               "the built-ins, e.g. --aggregator.name=my_rule."};
   cohort::ConfigFlags flags;
-  std::vector<std::string> shortcuts;
+  std::vector<std::string> plugins;
   std::string shard, shards, listen, coordinator, port_file, name;
   bool insecure = false;
   app.add_option("--shard", shard, "this shard's index (server.shard)");
@@ -30,6 +33,11 @@ int main(int argc, char** argv) {
   app.add_option("--port-file", port_file, "write the bound port here (server.port_file)");
   app.add_option("--name", name, "node id, the certificate's CN (server.name)");
   app.add_flag("--insecure", insecure, "plaintext transport (tls.insecure)");
+  app.add_option("--plugin", plugins,
+                 "load a plug-in (repeatable, in order): a shared object exporting "
+                 "cohort_plugin_abi() and cohort_register(); its rules join the built-ins before "
+                 "the server starts, a name already taken is an error")
+      ->type_name("FILE.so");
   cohort::add_config_flags(app, flags, schema);
   CLI11_PARSE(app, argc, argv);
   try {
@@ -52,6 +60,10 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     auto registries = cohort::builtin_registries();
+    for (const std::string& plugin : plugins) {
+      cohort::load_plugin(plugin, registries);
+      COHORT_LOG(Info) << "loaded plug-in " << plugin;
+    }
     return cohort::server::run(config, registries, g_stop);
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "cohort-server: %s\n", e.what());
