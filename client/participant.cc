@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <thread>
 
+#include "cohort/aggregation/privacy.h"
+#include "cohort/aggregation/push_codec.h"
+#include "cohort/aggregation/registries.h"
 #include "cohort/client/idx.h"
 #include "cohort/client/partition.h"
 #include "cohort/client/random.h"
@@ -53,9 +57,46 @@ std::pair<std::size_t, std::size_t> parse_part(const std::string& text) {
   }
 }
 
+// The push encoding that carries a built-in wire format.
+transport::Encoding push_encoding(aggregation::WireFormat f) {
+  using aggregation::WireFormat;
+  switch (f) {
+    case WireFormat::kDenseF32: return transport::Encoding::kDenseF32;
+    case WireFormat::kFp16: return transport::Encoding::kDenseF16;
+    case WireFormat::kBf16: return transport::Encoding::kDenseBf16;
+    case WireFormat::kInt8: return transport::Encoding::kInt8;
+    case WireFormat::kQsgd: return transport::Encoding::kQsgd;
+    case WireFormat::kTopK: return transport::Encoding::kTopK;
+    case WireFormat::kRandomK: return transport::Encoding::kRandomK;
+    case WireFormat::kSign: return transport::Encoding::kSign;
+    case WireFormat::kLowRank: return transport::Encoding::kPowerSgd;
+  }
+  throw InternalError("no push encoding for wire format " + std::to_string(static_cast<int>(f)));
+}
+
 class Participant {
  public:
-  Participant(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {}
+  Participant(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
+    // Everything below fails before joining, so a bad option never costs a round.
+    const auto section = config.section("compressor");
+    compressor_ = builtin_registries().compressors.create(section.get_string("name", "none"), section);
+    if (!aggregation::wire_format_of(compressor_->encoding())) {
+      throw ConfigError("compressor '" + section.get_string("name", "none") + "' writes encoding '" +
+                        std::string(compressor_->encoding()) + "', which shards cannot decode");
+    }
+    // "none" (with or without error feedback, which is then the identity) pushes plain fp32.
+    if (compressor_->encoding() == "none") compressor_.reset();
+    dp_clip_ = config.get_double("client.dp_clip");
+    if (!(dp_clip_ >= 0) || !std::isfinite(dp_clip_)) throw ConfigError("client.dp_clip must be >= 0");
+    attack_ = config.get_string("client.attack");
+    attack_scale_ = config.get_double("client.attack_scale");
+    if (attack_ != "none" && attack_ != "sign_flip") {
+      throw ConfigError("client.attack must be none or sign_flip, got '" + attack_ + "'");
+    }
+    if (!(attack_scale_ > 0) || !std::isfinite(attack_scale_)) {
+      throw ConfigError("client.attack_scale must be > 0");
+    }
+  }
 
   int run() {
     load_data();
@@ -192,7 +233,20 @@ class Participant {
       global_ = FloatBuffer(spec.parameter_count());
       delta_ = FloatBuffer(spec.parameter_count());
     }
+    const bool same_layout = w.shards.size() == shards_.size() &&
+        std::equal(w.shards.begin(), w.shards.end(), shards_.begin(), [](const auto& a, const auto& b) {
+          return a.begin == b.begin && a.end == b.end;
+        });
     shards_ = w.shards;
+    // One encoder per shard range, kept across rounds (and reconnects to the same layout): it holds
+    // the error-feedback residuals and PowerSGD's warm start.
+    if (compressor_ && (!same_layout || encoders_.size() != shards_.size())) {
+      encoders_.clear();
+      encoded_.assign(shards_.size(), {});
+      for (const auto& s : shards_) {
+        encoders_.push_back(std::make_unique<aggregation::PushEncoder>(*compressor_, s.end - s.begin));
+      }
+    }
     shard_eps_.clear();
     for (const auto& s : shards_) {
       if (s.index == 0) {
@@ -310,6 +364,29 @@ class Participant {
     const auto t_trained = Clock::now();
     auto trained = net_->parameters();
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
+    // Client-level DP (ALGORITHMS.md 8.2): flat clipping of the whole delta.
+    if (dp_clip_ > 0) (void)aggregation::clip_l2(delta_.span(), dp_clip_);
+    // For robustness experiments only: a Byzantine client pushing -scale x its honest delta.
+    if (attack_ == "sign_flip") {
+      const auto f = static_cast<float>(-attack_scale_);
+      for (auto& v : delta_.span()) v *= f;
+    }
+    // Encoded once per round, before any (re)send: encoding moves the error-feedback state.
+    if (compressor_) {
+      const auto seed = aggregation::compression_seed(
+          static_cast<std::uint64_t>(config_.get_int("data.seed")), rs.round, part_index_);
+      try {
+        for (std::size_t i = 0; i < shards_.size(); ++i) {
+          const auto& s = shards_[i];
+          encoders_[i]->encode(delta_.span().subspan(s.begin, s.end - s.begin),
+                               aggregation::compression_seed(seed, i, 0), encoded_[i]);
+        }
+      } catch (const KernelError& e) {  // a diverged client: tell the coordinator, send nothing
+        report.message = std::string("update not sent: ") + e.what();
+        send_report(report);
+        return;
+      }
+    }
     const auto delta_bytes = std::as_bytes(delta_.span());
     std::vector<std::string> refusals;
     const bool pushed = exchange(
@@ -317,11 +394,15 @@ class Participant {
           const auto& s = shards_[i];
           Envelope e;
           e.round = rs.round;
+          const auto encoding = compressor_ ? push_encoding(encoders_[i]->format())
+                                            : transport::Encoding::kDenseF32;
           e.body = transport::Push{s.index, s.begin, s.end, indices_.size(),
-                                   rs.model_version, transport::Encoding::kDenseF32,
+                                   rs.model_version, encoding,
                                    transport::PushKind::kDelta, static_cast<float>(result.mean_loss), 0,
                                    s.end - s.begin};
-          return std::pair{std::move(e), transport::Payload{delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4), nullptr}};
+          const auto bytes = compressor_ ? std::span<const std::byte>(encoded_[i])
+                                         : delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4);
+          return std::pair{std::move(e), transport::Payload{bytes, nullptr}};
         },
         [&](std::size_t, Message& m) {
           auto* a = std::get_if<transport::PushAck>(&m.envelope.body);
@@ -460,6 +541,12 @@ class Participant {
   std::unique_ptr<kernels::Network> net_;
   std::optional<LocalTrainer> trainer_;
   FloatBuffer global_, delta_;
+  std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
+  std::vector<std::unique_ptr<aggregation::PushEncoder>> encoders_;  // per shard, refer to compressor_
+  std::vector<std::vector<std::byte>> encoded_;  // per shard: this round's payload, reused
+  double dp_clip_ = 0;
+  std::string attack_;
+  double attack_scale_ = 1.0;
 };
 
 }  // namespace
@@ -481,7 +568,19 @@ ConfigSchema participant_config_schema() {
       .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
       .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
-      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages");
+      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
+      .add("client.dp_clip", 0.0,
+           "client-level DP: clip the whole delta to this L2 norm before pushing (0: off; set it to "
+           "the server's dp.clip)")
+      .add("client.attack", std::string("none"),
+           "FOR EXPERIMENTS ONLY: none | sign_flip (push -attack_scale x the honest delta, a "
+           "Byzantine client for testing robust aggregators)")
+      .add("client.attack_scale", 1.0, "FOR EXPERIMENTS ONLY: the scale of client.attack")
+      .add_section("compressor",
+                   "compression of pushed deltas: name = none | fp16 | bf16 | int8 | qsgd | topk | "
+                   "randomk | sign | powersgd, with its options (k_fraction, k, s, bucket_size, norm, "
+                   "chunk, stochastic, scaled, rank, cols, error_feedback); an unknown name or "
+                   "option is an error");
   return s;
 }
 

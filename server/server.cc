@@ -16,6 +16,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "cohort/aggregation/privacy.h"
+#include "cohort/aggregation/push_codec.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -60,6 +62,23 @@ std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uin
   return {begin, begin + base + (index < extra ? 1 : 0)};
 }
 
+// The built-in wire format a push encoding carries (kDenseF32: raw fp32, no header).
+std::optional<aggregation::WireFormat> wire_format(transport::Encoding e) {
+  using aggregation::WireFormat;
+  switch (e) {
+    case transport::Encoding::kDenseF32: return WireFormat::kDenseF32;
+    case transport::Encoding::kDenseF16: return WireFormat::kFp16;
+    case transport::Encoding::kDenseBf16: return WireFormat::kBf16;
+    case transport::Encoding::kInt8: return WireFormat::kInt8;
+    case transport::Encoding::kQsgd: return WireFormat::kQsgd;
+    case transport::Encoding::kTopK: return WireFormat::kTopK;
+    case transport::Encoding::kRandomK: return WireFormat::kRandomK;
+    case transport::Encoding::kSign: return WireFormat::kSign;
+    case transport::Encoding::kPowerSgd: return WireFormat::kLowRank;
+  }
+  return std::nullopt;
+}
+
 std::string human_bytes(double b) {
   char buf[32];
   if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
@@ -84,6 +103,11 @@ class Shard {
     workers_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
     buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
     max_staleness_ = config.get_int("server.max_staleness");
+    dp_clip_ = config.get_double("dp.clip");
+    dp_noise_ = config.get_double("dp.noise_multiplier");
+    dp_seed_ = static_cast<std::uint64_t>(config.get_int("dp.seed"));
+    // Each shard draws its own noise: a seed shared by the shards would correlate their ranges.
+    if (dp_seed_ == 0) dp_seed_ = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   }
 
   // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.
@@ -170,12 +194,21 @@ class Shard {
     } scratch{delta_};
     if (open_round_ == round && commit) delta_ = FloatBuffer(size());
     if (open_round_ == round && commit && aggregator_->finish_round(delta_.span())) {
+      if (dp_noise_ > 0) {
+        // DP-FedAvg (8.4) with uniform weights: the mean of m updates clipped to S has
+        // sensitivity S/m, so sigma = z S / m. compression_seed() only mixes the numbers.
+        const double m = static_cast<double>(aggregator_->completed_updates());
+        aggregation::add_gaussian_noise(
+            delta_.span(), aggregation::dp_fedavg_noise_stddev(dp_noise_, dp_clip_, 1.0, m),
+            aggregation::compression_seed(dp_seed_, round, index_));
+      }
       optimizer_->apply_delta(params_.span(), delta_.span());
       ++version_;
     }
     committed_ += commit ? 1 : 0;
     last_closed_ = round;
     open_round_ = 0;
+    for (auto& [key, t] : transfers_) release(t);
     transfers_.clear();
     pushed_.clear();
     if (store_ && commit) {
@@ -208,7 +241,17 @@ class Shard {
   struct Transfer {
     bool rejected = false;
     ClientId client = 0;
+    double weight = 1.0;
+    std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
+    FloatBuffer whole;  // the reassembled update: non-streaming rule or DP clipping
   };
+
+  // Buffers of finished transfers go back to the pools, so pushes never allocate.
+  void release(Transfer& t) {
+    if (t.decoder) spare_decoders_.push_back(std::move(t.decoder));
+    if (!t.whole.empty() && t.whole.size() == size()) spare_updates_.push_back(std::move(t.whole));
+    t.whole = FloatBuffer();
+  }
 
   void reply_ack(Endpoint& ep, const Message& m, bool ok, std::string reason) {
     Envelope e;
@@ -234,6 +277,11 @@ class Shard {
     ep.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), nullptr});
   }
 
+  // A federated push: fp32 chunks (kDenseF32), or the framed pieces of a compressed encoding
+  // (aggregation/push_codec.h), each decoded as soon as its bytes are in into a buffer reused for
+  // every push. Values stream into a streaming rule at their offsets; for a non-streaming rule, or
+  // when DP clips each update (dp.clip), they are reassembled into a pooled buffer first. Anything
+  // malformed refuses this push with an ack and leaves the round running.
   void on_push_chunk(Endpoint& ep, Message& m, const transport::Push& p) {
     const std::uint64_t key_seq = m.envelope.seq;
     const std::string key = m.sender + "#" + std::to_string(key_seq);
@@ -243,10 +291,17 @@ class Shard {
       t.client = client_id(m.sender);
       std::string why;
       const std::uint64_t round = m.envelope.round;
+      const auto format = wire_format(p.encoding);
+      const bool compressed = p.encoding != transport::Encoding::kDenseF32;
       if (p.kind != transport::PushKind::kDelta) why = "this server runs federated rounds; send deltas";
-      else if (p.encoding != transport::Encoding::kDenseF32) why = "unsupported encoding";
+      else if (!format) why = "unsupported encoding";
       else if (p.shard != index_ || p.begin != begin_ || p.end != end_) why = "wrong shard range";
-      else if (m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (!compressed && m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (compressed && p.elements != size()) why = "wrong update length";
+      else if (compressed && (m.envelope.payload_bytes == 0 ||
+                              m.envelope.payload_bytes > aggregation::max_push_bytes(size())))
+        why = "compressed update of " + std::to_string(m.envelope.payload_bytes) + " bytes for " +
+              std::to_string(size()) + " elements";
       else if (round <= last_closed_) why = "round " + std::to_string(round) + " is closed (late push)";
       else if (open_round_ != 0 && round != open_round_) why = "push for another round";
       else if (pushed_.contains(m.sender)) why = "duplicate push for this round";
@@ -261,33 +316,81 @@ class Shard {
           aggregator_->begin_round(round, size());
         }
         pushed_.insert(m.sender);
+        // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean.
+        t.weight = dp_clip_ > 0 ? 1.0 : static_cast<double>(p.num_samples);
+        if (compressed) {
+          if (spare_decoders_.empty()) spare_decoders_.push_back(std::make_unique<aggregation::PushDecoder>());
+          t.decoder = std::move(spare_decoders_.back());
+          spare_decoders_.pop_back();
+          t.decoder->reset(size(), *format);
+        }
+        if (!aggregator_->is_streaming() || dp_clip_ > 0) {
+          if (spare_updates_.empty()) spare_updates_.emplace_back(size());
+          t.whole = std::move(spare_updates_.back());
+          spare_updates_.pop_back();
+        }
       }
-      it = transfers_.emplace(key, t).first;
+      it = transfers_.emplace(key, std::move(t)).first;
     }
     if (it == transfers_.end() || it->second.rejected) return;
     Transfer& t = it->second;
     const auto bytes = m.payload.span();
-    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
-      t.rejected = true;
-      aggregator_->end_update(t.client, false);
-      reply_ack(ep, m, false, "misaligned chunk");
-      return;
+    std::string why;
+    // Decoded values go to the rule at their offset, or into the reassembly buffer.
+    auto take = [&](std::size_t offset, std::span<const float> values) {
+      if (!t.whole.empty()) {
+        if (offset > size() || values.size() > size() - offset) {
+          why = "chunk past the end of the range";
+          return false;
+        }
+        if (!kernels::copy_finite(values, t.whole.span().subspan(offset, values.size()))) {
+          why = "update has non-finite values";
+          return false;
+        }
+        return true;
+      }
+      if (aggregator_->accept({t.client, offset, values, t.weight}) == aggregation::Verdict::kRejected) {
+        why = "update refused (non-finite values or bad shape)";
+        return false;
+      }
+      return true;
+    };
+    bool ok = true;
+    try {
+      if (t.decoder) {
+        ok = t.decoder->feed(bytes, decode_scratch_, take);
+        if (ok && m.complete) t.decoder->finish();
+      } else if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
+        why = "misaligned chunk";
+        ok = false;
+      } else {
+        ok = take(static_cast<std::size_t>(m.offset / sizeof(float)),
+                  {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)});
+      }
+    } catch (const ProtocolError& e) {
+      why = std::string("malformed compressed update: ") + e.what();
+      ok = false;
     }
-    std::span<const float> values(reinterpret_cast<const float*>(bytes.data()),
-                                  bytes.size() / sizeof(float));
-    const auto verdict = aggregator_->accept(
-        {t.client, static_cast<std::size_t>(m.offset / sizeof(float)), values,
-         static_cast<double>(p.num_samples)});
-    if (verdict == aggregation::Verdict::kRejected) {
+    if (ok && m.complete && !t.whole.empty()) {
+      // Each range is clipped to S as well: a client that skipped client.dp_clip is bounded by
+      // S per shard (S sqrt(shards) in all); one that clipped is unchanged.
+      if (dp_clip_ > 0) (void)aggregation::clip_l2(t.whole.span(), dp_clip_);
+      if (aggregator_->accept({t.client, 0, t.whole.span(), t.weight}) == aggregation::Verdict::kRejected) {
+        why = "update refused (non-finite values or bad shape)";
+        ok = false;
+      }
+    }
+    if (!ok) {
       t.rejected = true;
       aggregator_->end_update(t.client, false);
-      reply_ack(ep, m, false, "update refused (non-finite values or bad shape)");
-      COHORT_LOG(Warn) << "shard " << index_ << ": refused the update of " << m.sender
-                       << " (non-finite values or bad shape)";
+      release(t);
+      reply_ack(ep, m, false, why);
+      COHORT_LOG(Warn) << "shard " << index_ << ": refused the update of " << m.sender << ": " << why;
       return;
     }
     if (m.complete) {
       aggregator_->end_update(t.client, true);
+      release(t);
       reply_ack(ep, m, true, "");
     }
   }
@@ -504,6 +607,11 @@ class Shard {
   std::unique_ptr<aggregation::Aggregator> aggregator_;
   std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
   std::unordered_map<std::string, Transfer> transfers_;
+  std::vector<std::unique_ptr<aggregation::PushDecoder>> spare_decoders_;
+  std::vector<FloatBuffer> spare_updates_;
+  std::vector<float> decode_scratch_;  // one decoded piece; grows once, reused by every push
+  double dp_clip_ = 0, dp_noise_ = 0;
+  std::uint64_t dp_seed_ = 0;
   std::set<NodeId> pushed_;
   std::unordered_map<NodeId, ClientId> client_ids_;
   std::optional<CheckpointStore> store_;
@@ -547,6 +655,8 @@ class Coordinator {
     mode_ = config.get_string("server.mode");
     if (mode_ == "dataparallel") rounds_ = 1;  // one long task per worker
     started_ = Clock::now();
+    dp_noise_ = config.get_double("dp.noise_multiplier");
+    dp_delta_ = config.get_double("dp.delta");
   }
 
   [[nodiscard]] bool finished() const { return finished_; }
@@ -775,11 +885,16 @@ class Coordinator {
     round_loss_ = 0;
     round_samples_ = 0;
     round_bytes_ = 0;
+    round_uplink_ = 0;
     round_train_s_ = 0;
     round_comm_s_ = 0;
     round_started_ = Clock::now();
     round_deadline_ = round_started_ + deadline_;
     const auto chosen = select();
+    // The accountant's rate q: a fixed-size cohort of m of N clients, accounted as Poisson
+    // sampling with q = m / N (exact when q = 1; see dp.noise_multiplier's help).
+    round_sampling_rate_ = clients_.empty() ? 1.0
+                               : static_cast<double>(chosen.size()) / static_cast<double>(clients_.size());
     transport::RoundStart rs;
     rs.round = round_;
     rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
@@ -896,6 +1011,7 @@ class Coordinator {
     round_loss_ = 0;
     round_samples_ = 0;
     round_bytes_ = 0;
+    round_uplink_ = 0;
     round_train_s_ = 0;
     round_comm_s_ = 0;
   }
@@ -906,6 +1022,7 @@ class Coordinator {
       selected_.insert(m.sender);
       ++reported_;
       round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
+    round_uplink_ += static_cast<double>(r.bytes_sent);
       if (r.trained) {
         ++fb_buffered_;
         completed_.insert(m.sender);
@@ -928,6 +1045,7 @@ class Coordinator {
     if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
     ++reported_;
     round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
+    round_uplink_ += static_cast<double>(r.bytes_sent);
     if (!r.trained) {
       COHORT_LOG(Info) << "client " << m.sender << " did not finish round " << r.round << ": "
                        << r.message;
@@ -982,6 +1100,10 @@ class Coordinator {
     ++committed_;
     last_round_s_ = std::chrono::duration<double>(Clock::now() - round_started_).count();
     pending_round_record_ = current_record();
+    if (dp_noise_ > 0) {
+      accountant_.add_steps(std::min(round_sampling_rate_, 1.0), dp_noise_, 1);
+      pending_round_record_.epsilon = accountant_.epsilon(dp_delta_).epsilon;
+    }
     pending_eval_committed_ = committed_;
     request_eval_or_print();
   }
@@ -1015,6 +1137,8 @@ class Coordinator {
   struct RoundRecord {
     std::size_t clients = 0, selected = 0;
     double train_loss = 0, bytes = 0, train_s = 0, comm_s = 0, round_s = 0;
+    double uplink = 0;    // payload bytes the clients sent (compressed pushes count as sent)
+    double epsilon = -1;  // DP: epsilon at dp.delta after this round; < 0 when DP is off
   };
   RoundRecord current_record() const {
     RoundRecord r;
@@ -1022,6 +1146,7 @@ class Coordinator {
     r.selected = selected_.size();
     r.train_loss = round_samples_ ? round_loss_ / static_cast<double>(round_samples_) : 0;
     r.bytes = round_bytes_;
+    r.uplink = round_uplink_;
     r.train_s = round_train_s_;
     r.comm_s = round_comm_s_;
     r.round_s = last_round_s_;
@@ -1031,20 +1156,24 @@ class Coordinator {
   void print_round(std::uint64_t round, const std::optional<transport::ClientReport>& eval) {
     const RoundRecord& r = pending_round_record_;
     total_bytes_ += r.bytes;
+    total_uplink_ += r.uplink;
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
     const std::uint64_t done = pending_eval_committed_;
     const double eta = done > 0 ? elapsed / static_cast<double>(done) *
                                       static_cast<double>(rounds_ - std::min(done, rounds_))
                                 : 0;
     char line[512];
+    char dp[48] = "";
+    if (r.epsilon >= 0) std::snprintf(dp, sizeof dp, " | DP eps %.3g (delta %.0e)", r.epsilon, dp_delta_);
     std::snprintf(line, sizeof line,
                   "round %3llu/%llu | clients %zu/%zu | train loss %.4f | test loss %s | "
-                  "accuracy %s | %s | %.1fs (train %.1fs, comm %.1fs) | ETA %.0fs",
+                  "accuracy %s | %s (up %s) | %.1fs (train %.1fs, comm %.1fs)%s | ETA %.0fs",
                   static_cast<unsigned long long>(done), static_cast<unsigned long long>(rounds_),
                   r.clients, r.selected, r.train_loss,
                   eval ? std::to_string(eval->eval_loss).substr(0, 6).c_str() : "-",
                   eval ? (std::to_string(eval->eval_accuracy * 100).substr(0, 5) + "%").c_str() : "-",
-                  human_bytes(r.bytes).c_str(), r.round_s, r.train_s, r.comm_s, eta);
+                  human_bytes(r.bytes).c_str(), human_bytes(r.uplink).c_str(), r.round_s, r.train_s,
+                  r.comm_s, dp, eta);
     std::printf("%s\n", line);
     std::fflush(stdout);
     std::vector<MetricField> f{{"round", done},
@@ -1054,6 +1183,8 @@ class Coordinator {
                                {"train_loss", r.train_loss},
                                {"bytes", r.bytes},
                                {"total_bytes", total_bytes_},
+                               {"uplink_bytes", r.uplink},
+                               {"total_uplink_bytes", total_uplink_},
                                {"round_seconds", r.round_s},
                                {"train_seconds", r.train_s},
                                {"comm_seconds", r.comm_s},
@@ -1063,6 +1194,12 @@ class Coordinator {
       f.push_back({"test_accuracy", static_cast<double>(eval->eval_accuracy)});
       f.push_back({"test_count", eval->eval_count});
       last_accuracy_ = eval->eval_accuracy;
+    }
+    if (r.epsilon >= 0) {
+      f.push_back({"dp_epsilon", r.epsilon});
+      f.push_back({"dp_delta", dp_delta_});
+      f.push_back({"dp_noise_multiplier", dp_noise_});
+      f.push_back({"dp_sampling_rate", round_sampling_rate_});
     }
     metrics_.write("round", f);
   }
@@ -1085,6 +1222,7 @@ class Coordinator {
     }
     metrics_.write("done", {{"rounds", committed_},
                             {"final_accuracy", static_cast<double>(last_accuracy_)},
+                            {"total_uplink_bytes", total_uplink_},
                             {"wall_seconds",
                              std::chrono::duration<double>(Clock::now() - started_).count()}});
   }
@@ -1112,6 +1250,9 @@ class Coordinator {
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
   std::uint64_t round_samples_ = 0;
   double last_round_s_ = 0, total_bytes_ = 0;
+  double round_uplink_ = 0, total_uplink_ = 0;
+  double dp_noise_ = 0, dp_delta_ = 1e-5, round_sampling_rate_ = 1.0;
+  aggregation::RdpAccountant accountant_;
   float last_accuracy_ = 0;
   Clock::time_point started_, round_started_, round_deadline_, eval_deadline_;
   bool pending_eval_ = false;
@@ -1177,13 +1318,30 @@ ConfigSchema config_schema() {
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
       .add("transport.receive_queue", std::int64_t{1}, "chunks queued per client before TCP pushes back")
+      .add_section("decentralized", "server.mode = decentralized: peers = 4, topology = ring, algorithm = dpsgd, steps, lr, batch, momentum, mu, gamma, compressor, weight_decay, partition, gossip_timeout_ms (sent to every peer)")
       .add_section("train", "client-side training options sent to clients (epochs, batch_size, lr, momentum, optimizer, ...)")
       .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
-      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options");
+      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options")
+      .add("dp.clip", 0.0,
+           "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
+           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
+      .add("dp.noise_multiplier", 0.0,
+           "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
+           "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
+      .add("dp.delta", 1e-5, "client-level DP: the delta of the reported (epsilon, delta)")
+      .add("dp.seed", std::int64_t{0},
+           "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
   return s;
 }
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+  transport::Context ctx;
+  return run(config, registries, stop, ctx);
+}
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx) {
+  if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
   const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   if (shards < 1 || index >= shards) {
@@ -1206,6 +1364,12 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   const auto model_size = kernels::make_network_spec(spec).parameter_count();  // validates the spec early
   (void)registries.aggregators.create(config.section("aggregator").get_string("name", "fedavg"),
                                       config.section("aggregator"));
+  const double dp_clip = config.get_double("dp.clip"), dp_noise = config.get_double("dp.noise_multiplier");
+  if (!(dp_clip >= 0) || !std::isfinite(dp_clip)) throw ConfigError("dp.clip must be >= 0");
+  if (!(dp_noise >= 0) || !std::isfinite(dp_noise)) throw ConfigError("dp.noise_multiplier must be >= 0");
+  if (dp_noise > 0 && dp_clip == 0) throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
+  if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1)) throw ConfigError("dp.delta must be in (0, 1)");
+  if (dp_clip > 0 && mode != "federated") throw ConfigError("dp.clip applies to server.mode = federated only");
 
   transport::Context ctx;
   ThreadPool pool(2);

@@ -5,7 +5,10 @@
 # metrics.jsonl (into --out, default the current folder).
 #
 # Usage: examples/fedavg/run.sh [--bin DIR] [--out DIR] [--clients N] [--shards S] [--rounds R]
-#                               [--partition SPEC] [--insecure]
+#                               [--partition SPEC] [--insecure] [--server-flag FLAG]...
+#                               [--client-flag FLAG]... [--client-flag-for I FLAG]...
+#   --server-flag FLAG passes FLAG (e.g. --aggregator.name=median) to every shard, --client-flag
+#   FLAG (e.g. --compressor.name=topk) to every client, --client-flag-for I FLAG to client I only.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin"
@@ -15,6 +18,9 @@ shards=2
 rounds=""
 partition=iid
 insecure=0
+server_flags=()
+client_flags=()
+declare -A client_flags_for=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
@@ -24,7 +30,10 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=$2; shift 2 ;;
     --partition) partition=$2; shift 2 ;;
     --insecure) insecure=1; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --server-flag) server_flags+=("$2"); shift 2 ;;
+    --client-flag) client_flags+=("$2"); shift 2 ;;
+    --client-flag-for) client_flags_for[$2]="${client_flags_for[$2]:-} $3"; shift 3 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +64,7 @@ fi
 extra=()
 [ -n "$rounds" ] && extra+=("--server.rounds=$rounds")
 extra+=("--server.clients_per_round=$clients" "--server.min_clients=$clients")
+extra+=(${server_flags[@]+"${server_flags[@]}"})
 
 start=$(date +%s.%N)
 # shellcheck disable=SC2046
@@ -70,13 +80,14 @@ for ((i = 1; i < shards; i++)); do
   # shellcheck disable=SC2046
   "$bin/cohort-server" --config "$here/fedavg.toml" --shard "$i" --shards "$shards" \
     --listen 'tcp://127.0.0.1:*' --coordinator "$coordinator" $(tls_for "shard-$i") \
-    --log-level warn 2>"$work/shard-$i.log" &
+    ${server_flags[@]+"${server_flags[@]}"} --log-level warn 2>"$work/shard-$i.log" &
   pids+=($!)
 done
 for ((i = 0; i < clients; i++)); do
   # shellcheck disable=SC2046
   "$bin/cohort-client" --server "$coordinator" --name "client-$i" --data "$partition" \
-    --part "$i/$clients" $(tls_for "client-$i") --log-level warn 2>"$work/client-$i.log" &
+    --part "$i/$clients" $(tls_for "client-$i") ${client_flags[@]+"${client_flags[@]}"} \
+    ${client_flags_for[$i]:-} --log-level warn 2>"$work/client-$i.log" &
   pids+=($!)
 done
 echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), FedAvg, model mlp:784-256-128-10, partition $partition"

@@ -53,14 +53,23 @@ class Federation {
   }
 
   void start() {
+    start_servers();
+    for (int i = 0; i < clients_; ++i) start_client(i);
+  }
+
+  // The shards only: a test then starts clients one by one, or speaks the protocol itself.
+  void start_servers() {
     servers_.push_back(Process::spawn(COHORT_SERVER_BIN, shard_args(0)));
     coordinator_ = "tcp://127.0.0.1:" + cohort::test::read_when_ready(dir_.file("port"), 20s);
     for (int i = 1; i < shards_; ++i) {
       shard_ports_[i] = 0;
       start_shard(i);
     }
-    for (int i = 0; i < clients_; ++i) start_client(i);
   }
+
+  const std::string& coordinator() const { return coordinator_; }
+  // A file of the federation's folder, e.g. "certs/client-1.pem".
+  std::string file(const std::string& name) const { return dir_.file(name); }
 
   void start_shard(int i) {
     if (shard_ports_[i] == 0) {
