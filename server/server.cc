@@ -1335,13 +1335,6 @@ ConfigSchema config_schema() {
 }
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
-  transport::Context ctx;
-  return run(config, registries, stop, ctx);
-}
-
-int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
-        transport::Context& ctx) {
-  if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
   const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   if (shards < 1 || index >= shards) {
