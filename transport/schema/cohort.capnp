@@ -51,7 +51,11 @@ enum Role {
   observer @3;  # tools and monitors: may pull, never push
 }
 
-# How the bulk payload of a Pull reply, Push or gossip message is encoded.
+# How the bulk payload of a Pull reply, Push or gossip message is encoded. denseF32 is raw
+# float32. A Push in any other encoding carries the update in pieces of at most 2^18 elements, each
+# a u32 little-endian byte length followed by the compressor's self-describing encoding (8-byte
+# header: format, version, parameter, element count; see aggregation/compressor.h and
+# aggregation/push_codec.h); Push.elements gives the decoded length.
 enum Encoding {
   denseF32 @0;  # little-endian float32, one per coordinate
   denseF16 @1;
