@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build needs, builds Cohort (Release, CUDA when nvcc is found), runs every test
-# with CTest, then rebuilds the wire-facing tests under AddressSanitizer + UBSan and runs them.
+# with CTest, installs it and runs examples/custom_aggregator against the installed package, then
+# rebuilds the wire-facing tests under AddressSanitizer + UBSan and runs them.
 # Usage: ./scripts/test.sh            (what CI runs)
 #        COHORT_TEST_SKIP_ASAN=1 ./scripts/test.sh   (faster local loop)
 set -euo pipefail
@@ -12,6 +13,13 @@ bash scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOHORT_WITH_CUDA=AUTO
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure --timeout 600 -j 1
+
+# The installed package as a user meets it: cmake --install into build/install, then
+# examples/custom_aggregator (its own CMake project, find_package(Cohort)) built against it in
+# build/custom_aggregator, and a short federation with its rule as a plug-in and embedded.
+rm -rf build/install build/custom_aggregator
+cmake --install build --prefix build/install
+examples/custom_aggregator/run.sh --prefix build/install --build build/custom_aggregator
 
 if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # Malformed input must never crash a node: the decoder and transport tests again, sanitized.
