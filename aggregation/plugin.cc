@@ -41,8 +41,9 @@ void load_plugin(const std::filesystem::path& file, Registries& registries) {
   // registries hold factories whose code lives in the library.
   auto* abi = reinterpret_cast<AbiFn>(dlsym(handle, "cohort_plugin_abi"));
   if (abi == nullptr) {
-    fail(file, "no entry symbol cohort_plugin_abi (a plug-in defines extern \"C\" int "
-               "cohort_plugin_abi() returning cohort::kPluginAbi; see cohort/aggregation/plugin.h)");
+    fail(file,
+         "no entry symbol cohort_plugin_abi (a plug-in defines extern \"C\" int "
+         "cohort_plugin_abi() returning cohort::kPluginAbi; see cohort/aggregation/plugin.h)");
   }
   const int version = abi();
   if (version != kPluginAbi) {
@@ -51,8 +52,9 @@ void load_plugin(const std::filesystem::path& file, Registries& registries) {
   }
   auto* register_fn = reinterpret_cast<RegisterFn>(dlsym(handle, "cohort_register"));
   if (register_fn == nullptr) {
-    fail(file, "no entry symbol cohort_register (a plug-in defines extern \"C\" void "
-               "cohort_register(cohort::Registries&); see cohort/aggregation/plugin.h)");
+    fail(file,
+         "no entry symbol cohort_register (a plug-in defines extern \"C\" void "
+         "cohort_register(cohort::Registries&); see cohort/aggregation/plugin.h)");
   }
   try {
     register_fn(registries);

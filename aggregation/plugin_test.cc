@@ -57,8 +57,8 @@ TEST_CASE("a good plug-in adds a rule that the registry creates by name and that
 TEST_CASE("a plug-in's factory reads its options through the host's ConfigSection") {
   Registries registries;
   cohort::load_plugin(COHORT_TEST_PLUGIN_GOOD, registries);
-  const cohort::ConfigSection bad("aggregator", {{"name", std::string("test_plugin_mean")},
-                                                 {"typo", std::int64_t{3}}});
+  const cohort::ConfigSection bad(
+      "aggregator", {{"name", std::string("test_plugin_mean")}, {"typo", std::int64_t{3}}});
   CHECK_THROWS_AS((void)registries.aggregators.create("test_plugin_mean", bad), ConfigError);
 }
 

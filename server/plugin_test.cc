@@ -43,10 +43,11 @@ TEST_CASE("--help documents --plugin") {
 TEST_CASE("a shard starts with an aggregator that only a plug-in defines") {
   cohort::test::TempDir dir;
   const std::string port_file = dir.file("port");
-  auto server = Process::spawn(COHORT_SERVER_BIN,
-      {"--plugin", COHORT_TEST_PLUGIN_GOOD, "--aggregator.name=test_plugin_mean", "--insecure",
-       "--listen", "tcp://127.0.0.1:*", "--port-file", port_file,
-       "--server.metrics_file=" + dir.file("metrics.jsonl"), "--log-level", "info"});
+  auto server =
+      Process::spawn(COHORT_SERVER_BIN,
+                     {"--plugin", COHORT_TEST_PLUGIN_GOOD, "--aggregator.name=test_plugin_mean",
+                      "--insecure", "--listen", "tcp://127.0.0.1:*", "--port-file", port_file,
+                      "--server.metrics_file=" + dir.file("metrics.jsonl"), "--log-level", "info"});
   // The port file is written after run() created the configured aggregator by name; a bad name
   // would have ended the process before binding.
   const std::string port = cohort::test::read_when_ready(port_file, 20s);
@@ -58,8 +59,8 @@ TEST_CASE("a shard starts with an aggregator that only a plug-in defines") {
 }
 
 TEST_CASE("without the plug-in the same name is an unknown aggregator") {
-  auto server = Process::spawn(COHORT_SERVER_BIN,
-      {"--aggregator.name=test_plugin_mean", "--insecure", "--listen", "tcp://127.0.0.1:*"});
+  auto server = Process::spawn(COHORT_SERVER_BIN, {"--aggregator.name=test_plugin_mean",
+                                                   "--insecure", "--listen", "tcp://127.0.0.1:*"});
   REQUIRE(server.wait_for(20s) == 1);
   CHECK(contains(server.stderr_text(), "unknown aggregator 'test_plugin_mean'"));
 }
@@ -79,8 +80,8 @@ TEST_CASE("plug-in failures are one line on stderr naming the file, and exit 1")
   };
   for (const Case& c : cases) {
     CAPTURE(c.file);
-    auto server = Process::spawn(COHORT_SERVER_BIN,
-        {"--plugin", c.file, "--insecure", "--listen", "tcp://127.0.0.1:*", "--log-level", "warn"});
+    auto server = Process::spawn(COHORT_SERVER_BIN, {"--plugin", c.file, "--insecure", "--listen",
+                                                     "tcp://127.0.0.1:*", "--log-level", "warn"});
     REQUIRE(server.wait_for(20s) == 1);
     const std::string err = server.stderr_text();
     CAPTURE(err);
@@ -90,11 +91,10 @@ TEST_CASE("plug-in failures are one line on stderr naming the file, and exit 1")
 }
 
 TEST_CASE("plug-ins load in order: a second plug-in cannot take the first one's rule name") {
-  auto server = Process::spawn(COHORT_SERVER_BIN,
-      {"--plugin", COHORT_TEST_PLUGIN_GOOD, "--plugin", COHORT_TEST_PLUGIN_GOOD, "--insecure",
-       "--listen", "tcp://127.0.0.1:*", "--log-level", "warn"});
+  auto server = Process::spawn(
+      COHORT_SERVER_BIN, {"--plugin", COHORT_TEST_PLUGIN_GOOD, "--plugin", COHORT_TEST_PLUGIN_GOOD,
+                          "--insecure", "--listen", "tcp://127.0.0.1:*", "--log-level", "warn"});
   REQUIRE(server.wait_for(20s) == 1);
-  CHECK(contains(server.stderr_text(),
-                 std::string("plug-in ") + COHORT_TEST_PLUGIN_GOOD +
-                     ": aggregator 'test_plugin_mean' is registered twice"));
+  CHECK(contains(server.stderr_text(), std::string("plug-in ") + COHORT_TEST_PLUGIN_GOOD +
+                                           ": aggregator 'test_plugin_mean' is registered twice"));
 }

@@ -17,8 +17,9 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 
 int main(int argc, char** argv) {
   const cohort::ConfigSchema schema = cohort::server::config_schema();
-  CLI::App app{"geomedian-server: a Cohort parameter-server shard that also knows the\n"
-               "geometric_median aggregator (--aggregator.name=geometric_median)."};
+  CLI::App app{
+      "geomedian-server: a Cohort parameter-server shard that also knows the\n"
+      "geometric_median aggregator (--aggregator.name=geometric_median)."};
   cohort::ConfigFlags flags;
   cohort::add_config_flags(app, flags, schema);
   CLI11_PARSE(app, argc, argv);

@@ -1,11 +1,12 @@
 // Checks of the rule through the registry, as the shard drives it. A plain program (CTest counts a
 // non-zero exit as a failure), so the example needs nothing beyond the Cohort package.
+#include "geometric_median.h"
+
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "cohort/core/error.h"
-#include "geometric_median.h"
 
 namespace {
 
@@ -56,8 +57,8 @@ int main() {
         "equilateral triangle: the centroid");
 
   // One update of five at 1e6 barely moves the result; the mean would move by 2e5.
-  auto robust = aggregate(*agg, {{1.0f, 1.0f}, {1.1f, 0.9f}, {0.9f, 1.1f}, {1.0f, 1.05f},
-                                 {1e6f, -1e6f}});
+  auto robust =
+      aggregate(*agg, {{1.0f, 1.0f}, {1.1f, 0.9f}, {0.9f, 1.1f}, {1.0f, 1.05f}, {1e6f, -1e6f}});
   check(std::abs(robust[0] - 1.0f) < 0.2f && std::abs(robust[1] - 1.0f) < 0.2f,
         "one outlier at 1e6: the aggregate stays with the other four");
 
