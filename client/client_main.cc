@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cohort/client/participant.h"
+#include "cohort/client/peer.h"
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 
@@ -12,11 +13,12 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  const cohort::ConfigSchema schema = cohort::client::participant_config_schema();
+  cohort::ConfigSchema schema = cohort::client::participant_config_schema();
+  cohort::client::add_peer_config(schema);
   CLI::App app{"cohort-client: joins a Cohort federation, trains on its partition of\n"
                "Fashion-MNIST each round it is selected for, and pushes its update to every shard."};
   cohort::ConfigFlags flags;
-  std::string server, data, part, device, name;
+  std::string server, data, part, device, name, mode;
   bool insecure = false;
   app.add_option("--server", server, "url of the coordinator, e.g. tcp://host:7000 (client.server)");
   app.add_option("--data", data, "partition spec: iid, dirichlet:0.5, shards:2, quantity:0.5 (data.partition)");
@@ -24,6 +26,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu or cuda:0 (client.device)");
   app.add_option("--name", name, "node id, the certificate's CN (client.name)");
   app.add_flag("--insecure", insecure, "plaintext transport (tls.insecure)");
+  app.add_option("--mode", mode, "federated or decentralized (client.mode)");
   cohort::add_config_flags(app, flags, schema);
   CLI11_PARSE(app, argc, argv);
   try {
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
     add("data.part", part);
     add("client.device", device);
     add("client.name", name);
+    add("client.mode", mode);
     if (insecure) flags.overrides.push_back("tls.insecure=true");
     cohort::Config config = cohort::finish_config(app, flags, schema);
     if (flags.print_config) {
@@ -43,6 +47,11 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
+    const std::string m = config.get_string("client.mode");
+    if (m == "decentralized") return cohort::client::run_peer(config, g_stop);
+    if (m != "federated") {
+      throw cohort::ConfigError("client.mode must be federated or decentralized, got '" + m + "'");
+    }
     return cohort::client::run_participant(config, g_stop);
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "cohort-client: %s\n", e.what());

@@ -28,6 +28,8 @@
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/kernels/primitives.h"
 
+#include "rendezvous.h"
+
 namespace cohort::server {
 namespace {
 
@@ -1289,7 +1291,7 @@ ConfigSchema config_schema() {
       .add("server.advertise", std::string(""), "url clients use to reach this shard (default: the bound url)")
       .add("server.name", std::string(""), "node id (default shard-<index>); must be the certificate CN")
       .add("server.port_file", std::string(""), "write the bound port to this file")
-      .add("server.mode", std::string("federated"), "federated | fedbuff | dataparallel")
+      .add("server.mode", std::string("federated"), "federated | fedbuff | dataparallel | decentralized (rendezvous only)")
       .add("server.rounds", std::int64_t{20}, "federated rounds to run (fedbuff: server steps)")
       .add("server.consistency", std::string("bsp"), "dataparallel: bsp | asp | ssp")
       .add("server.staleness", std::int64_t{2}, "dataparallel ssp: how many clocks a worker may run ahead")
@@ -1335,6 +1337,10 @@ ConfigSchema config_schema() {
 }
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+  if (config.get_string("server.mode") == "decentralized") {
+    transport::Context ctx;  // the rendezvous has no shard: only membership and the topology
+    return run_rendezvous(config, stop, ctx);
+  }
   const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   if (shards < 1 || index >= shards) {

@@ -1,6 +1,7 @@
 #include "cohort/transport/zmq_comm.h"
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "cohort/core/error.h"
@@ -18,6 +19,8 @@ struct ZmqComm::Impl {
   Endpoint router;
   std::vector<PeerAddress> peers;
   std::map<Rank, Endpoint> dealers;
+  std::set<Rank> was_ready;  // ranks whose session completed once
+  std::uint64_t dropped = 0;
   Mailbox mailbox;
   std::uint64_t sent = 0;
   std::uint64_t received = 0;
@@ -122,6 +125,7 @@ void ZmqComm::set_peers(std::vector<PeerAddress> peers) {
     const Rank r = it->first;
     const bool changed = r >= peers.size() || r >= impl_->peers.size() ||
                          !(peers[r] == impl_->peers[r]);
+    if (changed) impl_->was_ready.erase(r);
     it = changed ? impl_->dealers.erase(it) : std::next(it);
   }
   impl_->size = std::max<Rank>(impl_->size, static_cast<Rank>(peers.size()));
@@ -134,8 +138,11 @@ void ZmqComm::connect(std::span<const Rank> ranks, std::chrono::milliseconds tim
 
 void ZmqComm::forget(Rank r) {
   impl_->dealers.erase(r);
+  impl_->was_ready.erase(r);
   impl_->mailbox.drop_from(r);
 }
+
+void ZmqComm::set_rank(Rank r) { impl_->rank = r; }
 
 Rank ZmqComm::rank() const { return impl_->rank; }
 Rank ZmqComm::size() const { return impl_->size; }
@@ -143,14 +150,23 @@ Rank ZmqComm::size() const { return impl_->size; }
 void ZmqComm::send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes) {
   COHORT_CHECK(to != impl_->rank) << "a rank may not send to itself";
   Endpoint& ep = impl_->dealer(to);
-  if (!ep.is_ready()) {
-    const Rank one[] = {to};
-    impl_->connect(one, impl_->options.handshake_timeout);
+  try {
+    if (!ep.is_ready()) {
+      const Rank one[] = {to};
+      impl_->connect(one, impl_->was_ready.contains(to) ? std::chrono::milliseconds(200)
+                                                        : impl_->options.handshake_timeout);
+    }
+    impl_->was_ready.insert(to);
+    Envelope env;
+    env.body = GossipExchange{tag, impl_->rank, 0.0, Encoding::kDenseF32, bytes.size() / 4};
+    (void)ep.send({}, std::move(env), Payload{bytes, nullptr});
+    impl_->sent += bytes.size();
+  } catch (const TransportError& e) {
+    if (impl_->dropped++ % 100 == 0) {
+      COHORT_LOG(Warn) << "comm rank " << impl_->rank << ": dropped a message to rank " << to
+                       << " (" << e.what() << ")";
+    }
   }
-  Envelope env;
-  env.body = GossipExchange{tag, impl_->rank, 0.0, Encoding::kDenseF32, bytes.size() / 4};
-  (void)ep.send({}, std::move(env), Payload{bytes, nullptr});
-  impl_->sent += bytes.size();
 }
 
 std::optional<PooledBuffer> ZmqComm::recv(Rank from, std::uint64_t tag,

@@ -9,6 +9,9 @@
 //
 // While waiting for one peer's message or handshake, the Comm keeps reading every socket and
 // parks what arrives in a Mailbox, so two ranks that send to each other never deadlock.
+// A send to a peer that cannot be reached (its handshake does not complete within the options'
+// handshake_timeout on first contact, 200 ms once it had been connected) is dropped with a
+// warning, like a message to a crashed process: gossip treats the silence, not the sender.
 //
 // Thread-safety: a ZmqComm is owned and used by one thread (the thread of its sockets).
 #pragma once
@@ -47,6 +50,8 @@ class ZmqComm final : public Comm {
   void connect(std::span<const Rank> ranks, std::chrono::milliseconds timeout);
   // Closes the connection to a rank that left and drops its queued messages.
   void forget(Rank r);
+  // Our rank, when it is only known after binding (a peer learns it from the coordinator).
+  void set_rank(Rank r);
 
   [[nodiscard]] Rank rank() const override;
   [[nodiscard]] Rank size() const override;

@@ -1,0 +1,324 @@
+#include "cohort/client/peer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "cohort/aggregation/decentralized.h"
+#include "cohort/client/idx.h"
+#include "cohort/client/partition.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/endpoint.h"
+#include "cohort/transport/zmq_comm.h"
+#include "peer_learner.h"
+
+namespace cohort::client {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+namespace agg = cohort::aggregation;
+using transport::Envelope;
+
+// The options each decentralized optimizer takes, read from the [decentralized] section.
+ConfigSection optimizer_options(const std::string& algo, const ConfigSection& s) {
+  std::map<std::string, Value, std::less<>> v;
+  auto num = [&](const char* key) {
+    if (s.has(key)) v[key] = s.get_double(key, 0);
+  };
+  auto flag = [&](const char* key) {
+    if (s.has(key)) v[key] = s.get_bool(key, false);
+  };
+  num("weight_decay");
+  if (algo == "dpsgd") {
+    flag("overlap");
+  } else if (algo == "choco") {
+    num("gamma");
+    num("momentum");
+    flag("nesterov");
+    if (s.has("seed")) v["seed"] = s.get_int("seed", 1);
+  } else {
+    num("momentum");
+    if (algo.starts_with("qg")) num("mu");
+  }
+  return ConfigSection("decentralized", std::move(v));
+}
+
+class Peer {
+ public:
+  Peer(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
+    name_ = config.get_string("client.name");
+    opts_.node_id = name_;
+    opts_.security.insecure = config.get_bool("tls.insecure");
+    opts_.security.ca_file = config.get_string("tls.ca_file");
+    opts_.security.cert_file = config.get_string("tls.cert_file");
+    opts_.security.key_file = config.get_string("tls.key_file");
+    opts_.chunk_bytes = static_cast<std::size_t>(config.get_int("transport.chunk_kib")) * 1024;
+    opts_.handshake_timeout = std::chrono::milliseconds(config.get_int("peer.handshake_timeout_ms"));
+  }
+
+  int run() {
+    transport::Context& ctx = ctx_;
+    comm_.emplace(ctx, 0, 1, config_.get_string("peer.listen"), opts_);
+    std::string advertise = config_.get_string("peer.advertise");
+    if (advertise.empty()) advertise = comm_->url();
+    auto copts = opts_;
+    coord_.emplace(transport::Endpoint::connect(ctx, config_.get_string("client.server"), copts));
+    COHORT_LOG(Info) << name_ << ": listening on " << comm_->url() << ", joining "
+                     << config_.get_string("client.server");
+
+    // Loading the data takes seconds: before joining, so that heartbeats start at once after.
+    data_ = load_fashion_mnist(config_.get_string("data.dir"), /*standardize=*/true);
+    const transport::Welcome w = join(advertise);
+    setup(w);
+    train();
+    return finish();
+  }
+
+ private:
+  transport::Welcome join(const std::string& advertise) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+    auto next_register = Clock::now();
+    for (;;) {
+      if (stop_.load()) throw TransportError("stopped before the decentralized run started");
+      if (Clock::now() > deadline) {
+        throw TimeoutError("no Welcome from the coordinator " + config_.get_string("client.server") +
+                           " (is cohort-server running with server.mode = decentralized?)");
+      }
+      if (Clock::now() >= next_register && (coord_->is_ready() || opts_.security.insecure)) {
+        transport::Register r;
+        r.role = transport::Role::kPeer;
+        r.listen_url = advertise;
+        Envelope e;
+        e.body = r;
+        (void)coord_->send({}, std::move(e));
+        next_register = Clock::now() + 2s;
+      }
+      if (!coord_->is_ready()) {
+        try {
+          coord_->wait_ready(200ms);
+        } catch (const TimeoutError&) {
+        }
+        comm_->pump(0ms);
+        continue;
+      }
+      comm_->pump(0ms);  // answer neighbours' handshakes while we wait
+      auto m = coord_->receive(100ms);
+      if (!m) continue;
+      if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) return *w;
+      if (auto* err = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+        throw TransportError("the coordinator refused us: " + err->message);
+      }
+    }
+  }
+
+  void apply_members(const transport::Welcome& w, std::uint64_t now) {
+    std::vector<transport::PeerAddress> peers(w.shards.size());
+    std::set<Rank> gone;
+    for (const auto& s : w.shards) {
+      if (s.index >= peers.size()) throw ProtocolError("a member list with a bad rank");
+      peers[s.index] = {s.url, s.node_id};
+      if (s.url.empty()) gone.insert(s.index);
+    }
+    comm_->set_peers(peers);
+    if (!gossip_) return;
+    for (Rank r : gone) {
+      if (!gossip_->gone().contains(r)) {
+        COHORT_LOG(Info) << name_ << ": rank " << r << " is gone; mixing without it";
+        comm_->forget(r);
+      }
+    }
+    std::set<Rank> keep = gone;
+    for (Rank r : gossip_->gone()) {
+      if (!gone.contains(r)) {
+        // Back: it starts at w.current_round; until then we keep it out.
+        rejoin_at_[r] = std::max<std::uint64_t>(w.current_round, now);
+        keep.insert(r);
+      }
+    }
+    gossip_->set_gone(keep);
+  }
+
+  void setup(const transport::Welcome& w) {
+    rank_ = w.client_index;
+    n_ = static_cast<Rank>(w.shards.size());
+    comm_->set_rank(rank_);
+    ConfigSchema schema;
+    schema.add_section("decentralized", "");
+    Config cfg(schema);
+    cfg.merge_toml("[decentralized]\n" + w.training_toml, "the coordinator's [decentralized] section");
+    section_ = cfg.section("decentralized");
+    steps_ = static_cast<std::uint64_t>(section_.get_int("steps", 100));
+    lr_ = static_cast<float>(section_.get_double("lr", 0.05));
+    heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(100, w.heartbeat_ms));
+    start_ = w.current_round;
+    step_delay_ = std::chrono::milliseconds(config_.get_int("client.step_delay_ms"));
+
+    agg::TopologyRegistry topologies;
+    agg::add_builtin_topologies(topologies);
+    topology_ = topologies.create(section_.get_string("topology", "ring"), {});
+    const std::string algo = section_.get_string("algorithm", "dpsgd");
+    agg::DecentralizedOptimizerRegistry optimizers;
+    agg::add_builtin_decentralized_optimizers(optimizers);
+    agg::CompressorRegistry compressors;
+    agg::add_builtin_compressors(compressors);
+    std::shared_ptr<const agg::Compressor> q = compressors.create(
+        section_.get_string("compressor", "none"), ConfigSection("compressor", {{"error_feedback", false}}));
+    auto opt = optimizers.create(algo, optimizer_options(algo, section_), q);
+    if (opt->needs_symmetric() && !topology_->symmetric()) {
+      throw ConfigError(algo + " needs a symmetric topology; " + std::string(topology_->name()) +
+                        " is directed (use push_sum)");
+    }
+    agg::GossipOptions go;
+    go.timeout = std::chrono::milliseconds(section_.get_int("gossip_timeout_ms", 5000));
+    gossip_.emplace(*comm_, *topology_, go);
+    apply_members(w, start_);
+
+    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
+    const auto parts = make_partition(
+        parse_partition_spec(section_.get_string("partition", config_.get_string("data.partition"))),
+        data_.train.labels(), n_, seed);
+    spec_ = kernels::make_network_spec(w.model_spec);
+    device_ = kernels::make_device(config_.get_string("client.device"),
+                                   {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
+    learner_.emplace(*device_, spec_, data_.train, parts[rank_],
+                     static_cast<std::size_t>(section_.get_int("batch", 32)),
+                     seed * 1000003ULL + rank_, static_cast<std::uint64_t>(config_.get_int("data.seed")),
+                     std::move(opt));
+    COHORT_LOG(Info) << name_ << ": rank " << rank_ << " of " << n_ << ", " << algo << " on "
+                     << topology_->name() << ", " << learner_->samples() << " rows, steps " << start_
+                     << ".." << steps_;
+  }
+
+  void pump_coordinator(std::uint64_t t) {
+    while (auto m = coord_->receive(0ms)) {
+      if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
+        apply_members(*w, t);
+      } else if (auto* err = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+        COHORT_LOG(Warn) << name_ << ": coordinator says: " << err->message;
+      } else if (std::get_if<transport::RoundClose>(&m->envelope.body)) {
+        closed_ = true;
+      }
+    }
+    if (Clock::now() >= next_heartbeat_) {
+      Envelope e;
+      e.body = transport::Heartbeat{t, 0};
+      (void)coord_->send({}, std::move(e));
+      next_heartbeat_ = Clock::now() + heartbeat_;
+    }
+  }
+
+  void train() {
+    double loss_sum = 0;
+    std::size_t loss_count = 0;
+    for (std::uint64_t t = start_; t < steps_; ++t) {
+      if (stop_.load()) return;
+      pump_coordinator(t);
+      for (auto it = rejoin_at_.begin(); it != rejoin_at_.end();) {
+        if (it->second <= t) {
+          COHORT_LOG(Info) << name_ << ": rank " << it->first << " rejoins at step " << t;
+          gossip_->rejoin(it->first);
+          it = rejoin_at_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      loss_sum += learner_->step(t, lr_, *gossip_);
+      ++loss_count;
+      if ((t + 1) % 50 == 0 || t + 1 == steps_) {
+        COHORT_LOG(Info) << name_ << ": step " << (t + 1) << "/" << steps_ << " loss "
+                         << loss_sum / static_cast<double>(loss_count);
+        last_loss_ = loss_sum / static_cast<double>(loss_count);
+        loss_sum = 0;
+        loss_count = 0;
+      }
+      if (step_delay_.count() > 0) std::this_thread::sleep_for(step_delay_);
+    }
+  }
+
+  int finish() {
+    if (stop_.load()) {
+      Envelope e;
+      e.body = transport::Bye{"stopped"};
+      (void)coord_->send({}, std::move(e));
+      coord_->receive(200ms);
+      return 0;
+    }
+    const EvalResult eval = learner_->evaluate(data_.test);
+    transport::ClientReport rep;
+    rep.round = steps_;
+    rep.trained = true;
+    rep.num_samples = learner_->samples();
+    rep.train_loss = static_cast<float>(last_loss_);
+    rep.evaluated = true;
+    rep.eval_loss = static_cast<float>(eval.loss);
+    rep.eval_accuracy = static_cast<float>(eval.accuracy);
+    rep.eval_count = eval.count;
+    rep.bytes_sent = comm_->bytes_sent();
+    rep.bytes_received = comm_->bytes_received();
+    std::printf("{\"peer\":\"%s\",\"rank\":%u,\"steps\":%llu,\"test_accuracy\":%.6f,"
+                "\"bytes_sent\":%llu}\n",
+                name_.c_str(), rank_, static_cast<unsigned long long>(steps_), eval.accuracy,
+                static_cast<unsigned long long>(comm_->bytes_sent()));
+    std::fflush(stdout);
+    // Stay until the coordinator closes the run: slower neighbours may still need our session.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+    auto next_report = Clock::now();
+    while (!closed_ && !stop_.load() && Clock::now() < deadline) {
+      if (Clock::now() >= next_report) {
+        Envelope e;
+        e.body = rep;
+        (void)coord_->send({}, std::move(e));
+        next_report = Clock::now() + 2s;
+      }
+      pump_coordinator(steps_);
+      comm_->pump(50ms);
+    }
+    return 0;
+  }
+
+  const Config& config_;
+  const std::atomic<bool>& stop_;
+  NodeId name_;
+  transport::EndpointOptions opts_;
+  transport::Context ctx_;  // outlives every socket below
+  std::optional<transport::ZmqComm> comm_;
+  std::optional<transport::Endpoint> coord_;
+  Rank rank_ = 0, n_ = 1;
+  ConfigSection section_;
+  std::uint64_t steps_ = 0, start_ = 0;
+  float lr_ = 0.05f;
+  std::chrono::milliseconds heartbeat_{1000}, step_delay_{0};
+  Clock::time_point next_heartbeat_{};
+  std::unique_ptr<agg::Topology> topology_;
+  std::optional<agg::Gossip> gossip_;
+  std::map<Rank, std::uint64_t> rejoin_at_;
+  TrainTest data_;
+  kernels::NetworkSpec spec_;
+  std::unique_ptr<kernels::Device> device_;
+  std::optional<PeerLearner> learner_;
+  double last_loss_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+void add_peer_config(ConfigSchema& schema) {
+  schema.add("client.mode", std::string("federated"), "federated | decentralized (peer-to-peer, no parameter server)")
+      .add("peer.listen", std::string("tcp://127.0.0.1:*"), "decentralized: url this peer binds for its neighbours")
+      .add("peer.advertise", std::string(""), "decentralized: url neighbours dial (default: the bound url)")
+      .add("peer.handshake_timeout_ms", std::int64_t{10000}, "decentralized: first-contact handshake limit");
+}
+
+int run_peer(const Config& config, const std::atomic<bool>& stop) {
+  Peer p(config, stop);
+  return p.run();
+}
+
+}  // namespace cohort::client
