@@ -301,5 +301,60 @@ TEST_CASE("push-sum on the one-peer exponential graph (time-varying, directed) a
   }
 }
 
+TEST_CASE("asynchronous gossip: a node runs up to S steps ahead of a held neighbour, then waits") {
+  const Rank n = 3;
+  const std::uint64_t S = 3, steps = 200;
+  auto ring = topology("ring");  // n = 3: everyone is everyone's neighbour
+  InMemoryNetwork net(n);
+  const Models x0 = random_models(n, 16, 5, 2.0);
+  Models x = x0;
+  std::vector<std::atomic<std::uint64_t>> done(n);
+  std::atomic<bool> release{false};
+  std::vector<std::string> errors(n);
+  bool ran_ahead = false;
+  {
+    std::vector<std::jthread> threads;
+    for (Rank r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          GossipOptions go;
+          go.timeout = std::chrono::seconds(120);
+          go.staleness = S;
+          Gossip g(net.comm(r), *ring, go);
+          std::vector<float> out(x[r].size());
+          if (r == 0) {
+            while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          for (std::uint64_t t = 0; t < steps; ++t) {
+            g.mix(t, x[r], out);
+            x[r] = out;
+            done[r].store(t + 1);
+          }
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    }
+    // Ranks 1 and 2 finish steps 0..S-1 without a word from rank 0, and no more.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline && (done[1].load() < S || done[2].load() < S)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ran_ahead = done[1].load() == S && done[2].load() == S && done[0].load() == 0;
+    release.store(true);
+  }
+  for (Rank r = 0; r < n; ++r) REQUIRE_MESSAGE(errors[r].empty(), errors[r]);
+  CHECK(ran_ahead);
+  CHECK(consensus_distance(x) < 1e-4 * consensus_distance(x0));
+}
+
+TEST_CASE("asynchronous gossip needs a static topology") {
+  InMemoryNetwork net(4);
+  auto tv = topology("time_varying");
+  GossipOptions go;
+  go.staleness = 2;
+  CHECK_THROWS_AS(Gossip(net.comm(0), *tv, go), ConfigError);
+}
+
 }  // namespace
 }  // namespace cohort::aggregation

@@ -11,7 +11,12 @@
 namespace cohort::aggregation {
 
 Gossip::Gossip(Comm& comm, const Topology& topology, GossipOptions options)
-    : comm_(comm), topology_(topology), options_(options) {}
+    : comm_(comm), topology_(topology), options_(options) {
+  if (options_.staleness > 0 && topology_.time_varying()) {
+    throw ConfigError("asynchronous gossip (staleness > 0) needs a static topology, not " +
+                      std::string(topology_.name()));
+  }
+}
 
 Neighbourhood Gossip::neighbourhood_at(std::uint64_t step) const {
   return neighbourhood(topology_.mixing(comm_.size(), step), comm_.rank(), gone_);
@@ -34,6 +39,10 @@ std::optional<PooledBuffer> Gossip::receive_from(Rank j, std::uint64_t step) {
 void Gossip::mix(std::uint64_t step, std::span<const float> v, std::span<float> out) {
   COHORT_CHECK(out.size() == v.size()) << "mix: " << out.size() << " != " << v.size();
   COHORT_CHECK(out.data() != v.data() || v.empty()) << "mix: out must not alias v";
+  if (options_.staleness > 0) {
+    mix_stale(step, v, out);
+    return;
+  }
   const Neighbourhood nb = neighbourhood_at(step);
   for (const auto& [j, w] : nb.out) send_floats(comm_, j, tag(step), v);
   const std::size_t d = v.size();
@@ -57,6 +66,57 @@ void Gossip::mix(std::uint64_t step, std::span<const float> v, std::span<float> 
   }
   if (lost > 0) {
     // A neighbour vanished during this step: its weight goes to our own model, as from now on.
+    const float l = static_cast<float>(lost);
+    for (std::size_t k = 0; k < d; ++k) out[k] += l * v[k];
+  }
+}
+
+void Gossip::mix_stale(std::uint64_t step, std::span<const float> v, std::span<float> out) {
+  const Neighbourhood nb = neighbourhood_at(step);
+  for (const auto& [j, w] : nb.out) send_floats(comm_, j, tag(step), v);
+  const std::size_t d = v.size();
+  const float self = static_cast<float>(nb.self_weight);
+  for (std::size_t k = 0; k < d; ++k) out[k] = self * v[k];
+  double lost = 0;
+  const std::uint64_t oldest = step >= options_.staleness ? step - options_.staleness : 0;
+  const bool must_have = step >= options_.staleness;
+  for (const auto& [j, w] : nb.in) {
+    Latest& l = latest_[j];
+    auto take = [&](PooledBuffer m) {
+      if (m.size() != d * sizeof(float)) {
+        throw ProtocolError("gossip: rank " + std::to_string(j) + " sent " +
+                            std::to_string(m.size()) + " bytes, expected " +
+                            std::to_string(d * sizeof(float)));
+      }
+      const auto* in = reinterpret_cast<const float*>(m.data());
+      l.model.assign(in, in + d);
+      l.has = true;
+      ++l.next;
+    };
+    // Messages from one sender arrive in step order: wait (in order) for those up to the oldest
+    // step we may use, then take whatever newer ones are already here.
+    bool silent = false;
+    while (must_have && l.next <= oldest && !silent) {
+      auto m = receive_from(j, l.next);
+      if (m) {
+        take(std::move(*m));
+      } else {
+        silent = true;
+      }
+    }
+    while (l.next <= step) {
+      auto m = comm_.recv(j, tag(l.next), std::chrono::milliseconds(0));
+      if (!m) break;
+      take(std::move(*m));
+    }
+    if (!l.has || silent) {
+      lost += w;
+      continue;
+    }
+    const float wj = static_cast<float>(w);
+    for (std::size_t k = 0; k < d; ++k) out[k] += wj * l.model[k];
+  }
+  if (lost > 0) {
     const float l = static_cast<float>(lost);
     for (std::size_t k = 0; k < d; ++k) out[k] += l * v[k];
   }

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   std::string topology = "ring", partition = "dirichlet:0.1", algos = "dpsgd,dsgdm,qg_dsgdm";
   std::string model = "mlp:784-256-128-10", data_dir(client::kFashionMnistDir);
   std::string compressor = "none";
-  std::uint64_t seed = 1;
+  std::uint64_t seed = 1, staleness = 0;
   app.add_option("--nodes", nodes, "number of peers");
   app.add_option("--topology", topology, "ring, torus, exponential, one_peer_exponential, complete, "
                                          "random_regular, time_varying");
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", data_dir, "Fashion-MNIST folder");
   app.add_option("--seed", seed, "seed of the split, the batches and the initial model");
+  app.add_option("--staleness", staleness, "asynchronous gossip with this staleness bound (0: sync)");
   app.add_option("--eval-every", eval_every, "also print the average model's accuracy every K steps");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -97,6 +98,12 @@ int main(int argc, char** argv) {
             *device, spec, data.train, parts[i], batch, seed * 1000003ULL + i, seed,
             optimizers.create(algo, section, q)));
       }
+      std::vector<std::unique_ptr<agg::Gossip>> gossips;
+      for (std::size_t i = 0; i < nodes; ++i) {
+        agg::GossipOptions go;
+        go.staleness = staleness;
+        gossips.push_back(std::make_unique<agg::Gossip>(net.comm(static_cast<Rank>(i)), *topo, go));
+      }
       std::vector<double> losses(nodes, 0.0);
       std::vector<std::string> errors(nodes);
       const auto t0 = std::chrono::steady_clock::now();
@@ -118,7 +125,7 @@ int main(int argc, char** argv) {
           for (std::size_t i = 0; i < nodes; ++i) {
             threads.emplace_back([&, i] {
               try {
-                agg::Gossip gossip(net.comm(static_cast<Rank>(i)), *topo);
+                agg::Gossip& gossip = *gossips[i];
                 double sum = 0;
                 for (std::size_t t = done; t < until; ++t) {
                   sum += peers[i]->step(t, static_cast<float>(lr), gossip);
@@ -172,6 +179,7 @@ int main(int argc, char** argv) {
       j["partition"] = partition;
       j["model"] = model;
       j["steps"] = steps;
+      if (staleness > 0) j["staleness"] = staleness;
       j["batch"] = batch;
       j["lr"] = lr;
       if (opts.contains("momentum")) j["momentum"] = momentum;

@@ -177,6 +177,7 @@ class Peer {
     }
     agg::GossipOptions go;
     go.timeout = std::chrono::milliseconds(section_.get_int("gossip_timeout_ms", 5000));
+    go.staleness = static_cast<std::uint64_t>(section_.get_int("staleness", 0));
     gossip_.emplace(*comm_, *topology_, go);
     apply_members(w, start_);
 
@@ -223,7 +224,7 @@ class Peer {
       for (auto it = rejoin_at_.begin(); it != rejoin_at_.end();) {
         if (it->second <= t) {
           COHORT_LOG(Info) << name_ << ": rank " << it->first << " rejoins at step " << t;
-          gossip_->rejoin(it->first);
+          gossip_->rejoin(it->first, t);
           it = rejoin_at_.erase(it);
         } else {
           ++it;

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <span>
@@ -32,6 +33,12 @@ namespace cohort::aggregation {
 struct GossipOptions {
   std::chrono::milliseconds timeout{30000};  // silent this long: the neighbour is gone
   std::uint64_t tag_base = 0;
+  // Asynchronous gossip with a staleness bound S (0: synchronous). mix() at step t uses each
+  // in-neighbour's newest model that has arrived, and waits only when that is older than step
+  // t - S; before any has arrived (t < S) the neighbour's weight stays with us. A node may thus
+  // run up to S steps ahead of its slowest neighbour. Static topologies only (ConfigError
+  // otherwise); push() and exchange() stay synchronous.
+  std::uint64_t staleness = 0;
 };
 
 class Gossip {
@@ -69,9 +76,11 @@ class Gossip {
   [[nodiscard]] const std::set<Rank>& gone() const { return gone_; }
   [[nodiscard]] const std::set<Rank>& suspects() const { return suspects_; }
   void set_gone(std::set<Rank> gone) { gone_ = std::move(gone); }
-  void rejoin(Rank r) {
+  // A neighbour that is back; with asynchronous gossip, its messages count from `from_step`.
+  void rejoin(Rank r, std::uint64_t from_step = 0) {
     gone_.erase(r);
     suspects_.erase(r);
+    if (options_.staleness > 0) latest_[r] = Latest{from_step, false, {}};
   }
   // Bytes sent by this node's Comm so far.
   [[nodiscard]] std::uint64_t bytes_sent() const { return comm_.bytes_sent(); }
@@ -85,8 +94,16 @@ class Gossip {
   Comm& comm_;
   const Topology& topology_;
   GossipOptions options_;
+  void mix_stale(std::uint64_t step, std::span<const float> v, std::span<float> out);
+
   std::set<Rank> gone_;
   std::set<Rank> suspects_;
+  struct Latest {              // asynchronous gossip: the newest model from one in-neighbour
+    std::uint64_t next = 0;    // the next step whose message we have not taken
+    bool has = false;
+    std::vector<float> model;
+  };
+  std::map<Rank, Latest> latest_;
   std::vector<float> scratch_;  // reused send buffer of push()
 };
 
