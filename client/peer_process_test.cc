@@ -106,4 +106,48 @@ TEST_CASE("decentralized peers over TLS: one killed mid-training, the other thre
   }
 }
 
+TEST_CASE("decentralized peers over TLS: a killed peer restarts under its name and rejoins") {
+  const int n = 4;
+  Run run(n);
+  const std::string port_file = run.dir.file("port");
+  Process server = Process::spawn(
+      COHORT_SERVER_BIN,
+      concat({"--server.mode=decentralized", "--set", "server.listen=tcp://127.0.0.1:*", "--set",
+              "server.port_file=" + port_file, "--set", "decentralized.peers=4", "--set",
+              "decentralized.steps=4000", "--set", "decentralized.algorithm=dpsgd", "--set",
+              "decentralized.lr=0.02", "--set", "decentralized.gossip_timeout_ms=2000", "--set",
+              "model.spec=mlp:784-16-10", "--set", "server.heartbeat_ms=300", "--set",
+              "server.client_timeout_ms=5000"},
+             Run::tls(run.coordinator)));
+  const std::string port = cohort::test::read_when_ready(port_file, 60s);
+  auto peer_args = [&](int i) {
+    return concat({"--mode", "decentralized", "--server", "tcp://127.0.0.1:" + port, "--name",
+                   "peer-" + std::to_string(i), "--set", "client.step_delay_ms=3", "--set",
+                   "client.connect_timeout_ms=120000"},
+                  Run::tls(run.peers[static_cast<std::size_t>(i)]));
+  };
+  std::vector<Process> peers;
+  for (int i = 0; i < n; ++i) peers.push_back(Process::spawn(COHORT_CLIENT_BIN, peer_args(i)));
+  REQUIRE(wait_for_text(peers[1], "step 200/4000", 120s));
+  peers[1].kill(9);
+  // The coordinator notices, tells the others; then the peer comes back under the same name.
+  REQUIRE(wait_for_text(server, "peer peer-1 silent", 60s));
+  peers[1] = Process::spawn(COHORT_CLIENT_BIN, peer_args(1));
+  const auto code = server.wait_for(240s);
+  if (!code || *code != 0 || server.stdout_text().find("\"finished\":4") == std::string::npos) {
+    MESSAGE("server stderr:\n" << server.stderr_text().substr(0, 6000));
+    MESSAGE("peer-1 stderr:\n" << peers[1].stderr_text().substr(0, 4000));
+  }
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(server.stderr_text().find("peer peer-1 rejoined") != std::string::npos);
+  CHECK(server.stdout_text().find("\"finished\":4") != std::string::npos);
+  for (auto& p : peers) {
+    const auto rc = p.wait_for(60s);
+    CHECK(rc.has_value());
+    if (rc) CHECK(*rc == 0);
+    CHECK(p.stdout_text().find("\"steps\":4000") != std::string::npos);
+  }
+}
+
 }  // namespace
