@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "cohort/aggregation/allreduce.h"
 #include "cohort/core/error.h"
 
 namespace cohort::aggregation {
@@ -195,6 +196,39 @@ class PushSum final : public DecentralizedOptimizer {
   std::vector<float> z_, g_, m_;
 };
 
+// All-reduce SGD: every node averages the gradients exactly (ring AllReduce over the Gossip's
+// Comm, no topology), then takes the same momentum step, so the models stay identical. The
+// data-parallel baseline the gossip methods approximate; a crashed node stops it (TimeoutError).
+class AllreduceSgd final : public DecentralizedOptimizer {
+ public:
+  AllreduceSgd(float beta, float wd, bool nesterov) : beta_(beta), wd_(wd), nesterov_(nesterov) {}
+  std::string_view name() const override { return "ring_allreduce"; }
+  bool needs_symmetric() const override { return false; }
+  void step(std::uint64_t, std::span<float> x, std::span<const float> grad, float lr,
+            Gossip& gossip) override {
+    check_sizes(x, grad);
+    if (!reducer_) {
+      AllreduceOptions o;
+      o.timeout = std::chrono::milliseconds(60000);
+      reducer_ = std::make_unique<AllReducer>(gossip.comm(), o);
+    }
+    g_.assign(grad.begin(), grad.end());
+    reducer_->mean(g_);
+    m_.resize(x.size(), 0.0f);
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      const float g = g_[k] + wd_ * x[k];
+      m_[k] = beta_ * m_[k] + g;
+      x[k] -= lr * (nesterov_ ? g + beta_ * m_[k] : m_[k]);
+    }
+  }
+
+ private:
+  float beta_, wd_;
+  bool nesterov_;
+  std::unique_ptr<AllReducer> reducer_;
+  std::vector<float> g_, m_;
+};
+
 float float_option(const ConfigSection& o, std::string_view key, double fallback, double lo,
                    double hi) {
   const double v = o.get_double(key, fallback);
@@ -273,6 +307,13 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
                                    o.get_bool("nesterov", false),
                                    float_option(o, "weight_decay", 0, 0, 1),
                                    static_cast<std::uint64_t>(o.get_int("seed", 1)));
+  });
+  registry.add("ring_allreduce", [](const ConfigSection& o, std::shared_ptr<const Compressor>) {
+    static constexpr std::array<std::string_view, 3> known{"momentum", "weight_decay", "nesterov"};
+    o.require_known(known);
+    return std::make_unique<AllreduceSgd>(float_option(o, "momentum", 0.9, 0, 1),
+                                          float_option(o, "weight_decay", 0, 0, 1),
+                                          o.get_bool("nesterov", false));
   });
   for (const char* name : {"push_sum", "sgp"}) {
     registry.add(name, [](const ConfigSection& o, std::shared_ptr<const Compressor>) {

@@ -104,7 +104,7 @@ TEST_CASE("registry: built-in names, unknown names and options, choco needs a co
   DecentralizedOptimizerRegistry registry;
   add_builtin_decentralized_optimizers(registry);
   CHECK(registry.names() ==
-        "choco, dpsgd, dsgdm, dsgdm_n, push_sum, qg_dsgdm, qg_dsgdm_n, sgp");
+        "choco, dpsgd, dsgdm, dsgdm_n, push_sum, qg_dsgdm, qg_dsgdm_n, ring_allreduce, sgp");
   CHECK_THROWS_AS((void)registry.create("adam", {}), ConfigError);
   CHECK_THROWS_AS((void)registry.create("choco", {}), ConfigError);
   CHECK_THROWS_AS(
@@ -346,6 +346,24 @@ TEST_CASE("asynchronous gossip: a node runs up to S steps ahead of a held neighb
   for (Rank r = 0; r < n; ++r) REQUIRE_MESSAGE(errors[r].empty(), errors[r]);
   CHECK(ran_ahead);
   CHECK(consensus_distance(x) < 1e-4 * consensus_distance(x0));
+}
+
+TEST_CASE("ring_allreduce keeps every node on the same model: SGD on the mean gradient") {
+  const Rank n = 5;
+  auto ring = topology("ring");
+  const Models x0(n, std::vector<float>(7, 1.0f));
+  GradFn per_node = [](Rank r, std::uint64_t, std::span<const float>, std::span<float> g) {
+    for (std::size_t k = 0; k < g.size(); ++k) g[k] = static_cast<float>(r) + 0.5f * k;
+  };
+  const auto r = run(*ring, n, "ring_allreduce", ConfigSection("o", {{"momentum", 0.0}}), nullptr,
+                     x0, 4, 0.25f, per_node);
+  // mean over r of r = 2: each step moves x_k by -0.25 (2 + 0.5 k).
+  for (Rank i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < 7; ++k) {
+      CHECK(r.history[4][i][k] == doctest::Approx(1.0 - 4 * 0.25 * (2 + 0.5 * k)).epsilon(1e-6));
+      CHECK(r.history[4][i][k] == r.history[4][0][k]);
+    }
+  }
 }
 
 TEST_CASE("asynchronous gossip needs a static topology") {

@@ -17,6 +17,8 @@
 //                with the Compressor given to create(); memory-efficient form (x, x_hat, s)
 //   push_sum:    momentum = 0, weight_decay = 0   (5.4) SGP for directed / time-varying graphs;
 //                gradients must be taken at eval_point() = x / w  (alias "sgp")
+//   ring_allreduce: momentum = 0.9, nesterov = false, weight_decay = 0   exact gradient average
+//                by AllReduce over the Comm, then a momentum step: the data-parallel baseline
 // Thread-safety: one instance per node, driven by the node's thread.
 #pragma once
 
