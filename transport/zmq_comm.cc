@@ -21,6 +21,7 @@ struct ZmqComm::Impl {
   std::map<Rank, Endpoint> dealers;
   std::set<Rank> was_ready;  // ranks whose session completed once
   std::uint64_t dropped = 0;
+  Clock::time_point last_full_pump{};
   Mailbox mailbox;
   std::uint64_t sent = 0;
   std::uint64_t received = 0;
@@ -67,7 +68,20 @@ struct ZmqComm::Impl {
   }
 
   // One round of reading: waits up to `timeout` for any socket, then drains what is ready.
+  // Once every DEALER's session is up, data only ever arrives on the ROUTER: read it alone (one
+  // socket, no poll set) and look at the DEALERs (re-handshakes, resets) every 50 ms only.
   void pump(std::chrono::milliseconds timeout) {
+    const auto now = Clock::now();
+    bool ready = true;
+    for (auto& [r, ep] : dealers) ready = ready && ep.is_ready();
+    if (ready && now - last_full_pump < std::chrono::milliseconds(50)) {
+      if (auto m = router.receive(std::min(timeout, std::chrono::milliseconds(50)))) {
+        file(std::move(*m));
+        while (auto more = router.receive(std::chrono::milliseconds(0))) file(std::move(*more));
+      }
+      return;
+    }
+    last_full_pump = now;
     std::vector<Endpoint*> eps;
     eps.push_back(&router);
     for (auto& [r, ep] : dealers) eps.push_back(&ep);
