@@ -37,6 +37,8 @@ install(TARGETS ${COHORT_EXPORTED_TARGETS} EXPORT CohortTargets
 # user's tests can name them with $<TARGET_FILE:Cohort::cohort-server>.
 foreach(bin cohort-server cohort-client cohort-keygen cohort-sim cohort-decentralized-sim)
   if(TARGET ${bin})
+    # Keep the RUNPATH to non-system library folders (the CUDA toolkit's) after installation.
+    set_target_properties(${bin} PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
     install(TARGETS ${bin} EXPORT CohortTargets RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()
 endforeach()

@@ -530,10 +530,15 @@ class Shard {
     if (m.offset == 0) {
       const std::uint64_t tau = version_ >= p.base_version ? version_ - p.base_version : 0;
       std::string why;
+      const auto format = wire_format(p.encoding);
+      const bool compressed = p.encoding != transport::Encoding::kDenseF32;
       if (p.kind != transport::PushKind::kDelta) why = "this server runs FedBuff; send deltas";
-      else if (p.encoding != transport::Encoding::kDenseF32) why = "unsupported encoding";
+      else if (!format) why = "unsupported encoding";
       else if (p.shard != index_ || p.begin != begin_ || p.end != end_) why = "wrong shard range";
-      else if (m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (!compressed && m.envelope.payload_bytes != size() * sizeof(float)) why = "wrong update length";
+      else if (compressed && (p.elements != size() || m.envelope.payload_bytes == 0 ||
+                              m.envelope.payload_bytes > aggregation::max_push_bytes(size())))
+        why = "wrong update length";
       else if (p.base_version > version_) why = "update from a future version";
       else if (max_staleness_ >= 0 && tau > static_cast<std::uint64_t>(max_staleness_))
         why = "update too stale (" + std::to_string(tau) + " versions)";
@@ -544,7 +549,15 @@ class Shard {
         return;
       }
       if (buffer_sum_.size() != size()) buffer_sum_.assign(size(), 0.0);
-      buffered_tasks_[key] = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
+      BufferedTask task;
+      task.weight = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
+      if (compressed) {
+        if (spare_decoders_.empty()) spare_decoders_.push_back(std::make_unique<aggregation::PushDecoder>());
+        task.decoder = std::move(spare_decoders_.back());
+        spare_decoders_.pop_back();
+        task.decoder->reset(size(), *format);
+      }
+      buffered_tasks_[key] = std::move(task);
     }
     if (rejected_transfers_.contains(key)) {
       if (m.complete) rejected_transfers_.erase(key);
@@ -552,25 +565,51 @@ class Shard {
     }
     auto it = buffered_tasks_.find(key);
     if (it == buffered_tasks_.end()) return;
-    const auto bytes = m.payload.span();
-    const std::size_t first = static_cast<std::size_t>(m.offset / sizeof(float));
-    const std::size_t n = bytes.size() / sizeof(float);
-    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0 || first + n > size()) {
+    auto drop = [&](const std::string& reason) {
+      if (it->second.decoder) spare_decoders_.push_back(std::move(it->second.decoder));
       buffered_tasks_.erase(it);
-      reply_ack(ep, m, false, "misaligned chunk");
+      reply_ack(ep, m, false, reason);
+    };
+    // An update folded in part and then refused stays folded in part, as for any streaming rule.
+    const double w = it->second.weight;
+    std::string why;
+    auto fold = [&](std::size_t first, std::span<const float> v) {
+      if (first > size() || v.size() > size() - first) {
+        why = "chunk past the end of the range";
+        return false;
+      }
+      for (float x : v) {
+        if (!std::isfinite(x)) {
+          why = "update has non-finite values";
+          return false;
+        }
+      }
+      for (std::size_t i = 0; i < v.size(); ++i) buffer_sum_[first + i] += w * static_cast<double>(v[i]);
+      return true;
+    };
+    const auto bytes = m.payload.span();
+    bool ok = true;
+    try {
+      if (it->second.decoder) {
+        ok = it->second.decoder->feed(bytes, decode_scratch_, fold);
+        if (ok && m.complete) it->second.decoder->finish();
+      } else if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
+        why = "misaligned chunk";
+        ok = false;
+      } else {
+        ok = fold(static_cast<std::size_t>(m.offset / sizeof(float)),
+                  {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)});
+      }
+    } catch (const ProtocolError& e) {
+      why = std::string("malformed compressed update: ") + e.what();
+      ok = false;
+    }
+    if (!ok) {
+      drop(why);
       return;
     }
-    const float* v = reinterpret_cast<const float*>(bytes.data());
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!std::isfinite(v[i])) {
-        buffered_tasks_.erase(it);
-        reply_ack(ep, m, false, "update has non-finite values");
-        return;
-      }
-    }
-    const double w = it->second;
-    for (std::size_t i = 0; i < n; ++i) buffer_sum_[first + i] += w * static_cast<double>(v[i]);
     if (!m.complete) return;
+    if (it->second.decoder) spare_decoders_.push_back(std::move(it->second.decoder));
     buffered_tasks_.erase(it);
     ++buffered_;
     reply_ack(ep, m, true, "");
@@ -628,7 +667,11 @@ class Shard {
   std::vector<FloatBuffer> spare_;
   std::map<std::uint64_t, std::map<NodeId, FloatBuffer>> step_buffer_;
   std::set<std::string> rejected_transfers_;
-  std::unordered_map<std::string, double> buffered_tasks_;
+  struct BufferedTask {
+    double weight = 1.0;                                // s(tau)
+    std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
+  };
+  std::unordered_map<std::string, BufferedTask> buffered_tasks_;
   std::vector<double> buffer_sum_;
 };
 
