@@ -124,7 +124,8 @@ bool PushDecoder::feed(std::span<const std::byte> bytes, std::vector<float>& scr
       want = kLengthBytes + len;
     }
     const std::size_t take = std::min(want - pending_.size(), bytes.size());
-    pending_.insert(pending_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(take));
+    pending_.insert(pending_.end(), bytes.begin(),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(take));
     bytes = bytes.subspan(take);
     if (pending_.size() == kLengthBytes) {
       std::uint32_t len = 0;

@@ -53,8 +53,8 @@ TEST_CASE("push codec: every built-in round-trips over pieces, whatever the chun
   // Two full pieces and a partial one, so pieces and chunks never line up.
   const std::size_t d = 2 * kPushPieceElements + 1234;
   const auto x = gaussian(d, 3);
-  const char* names[] = {"none", "fp16", "bf16", "int8", "qsgd", "topk",
-                         "randomk", "sign", "powersgd"};
+  const char* names[] = {"none", "fp16",    "bf16", "int8",    "qsgd",
+                         "topk", "randomk", "sign", "powersgd"};
   for (const char* name : names) {
     INFO(name);
     auto c = reg.compressors.create(name, cohort::ConfigSection("compressor", {}));
@@ -84,7 +84,8 @@ TEST_CASE("push codec: every built-in round-trips over pieces, whatever the chun
 TEST_CASE("push codec: top-k 1% shrinks the payload over 40x, error feedback state persists") {
   const auto reg = cohort::builtin_registries();
   auto c = reg.compressors.create(
-      "topk", cohort::ConfigSection("compressor", {{"k_fraction", 0.01}, {"error_feedback", true}}));
+      "topk",
+      cohort::ConfigSection("compressor", {{"k_fraction", 0.01}, {"error_feedback", true}}));
   const std::size_t d = 100000;
   PushEncoder enc(*c, d);
   const auto x = gaussian(d, 5);
@@ -123,9 +124,9 @@ TEST_CASE("push codec: malformed payloads throw ProtocolError, never read out of
     return false;
   };
   CHECK_FALSE(fails(good, d, WireFormat::kTopK));
-  CHECK(fails(good, d + 1, WireFormat::kTopK));                     // fewer elements than announced
-  CHECK(fails(good, d - 1, WireFormat::kTopK));                     // a piece past the end
-  CHECK(fails(good, d, WireFormat::kFp16));                         // not the announced format
+  CHECK(fails(good, d + 1, WireFormat::kTopK));  // fewer elements than announced
+  CHECK(fails(good, d - 1, WireFormat::kTopK));  // a piece past the end
+  CHECK(fails(good, d, WireFormat::kFp16));      // not the announced format
   CHECK(fails({good.begin(), good.end() - 3}, d, WireFormat::kTopK));  // truncated
   auto longer = good;
   longer.push_back(std::byte{0});

@@ -6,12 +6,15 @@
 #       qsgd, topk 1% + error feedback, randomk 1%, sign, powersgd rank 2): the uplink bytes the
 #       clients sent (payload bytes, from the round metrics) and the final test accuracy;
 #   (b) "aggregation_attack": 20% of the clients push -scale x their honest delta
-#       (client.attack = sign_flip); final accuracy of fedavg, median, trimmed_mean and krum
-#       (f = the number of attackers), and of the clean fedavg run.
+#       (client.attack = sign_flip, scale 5 by default: the FedAvg mean becomes about -0.2 x the
+#       honest step: gradient ascent); final accuracy of fedavg, median, trimmed_mean and krum
+#       (f = the number of attackers), and of the clean fedavg run. A run whose model diverges
+#       (every update non-finite, refused, the round retried) is stopped and reported with
+#       "diverged": true and the accuracy of its last evaluated round.
 #
 # Usage: bench/aggregation/experiments.sh [--bin DIR] [--out DIR] [--clients N] [--rounds R]
 #                                         [--attack-scale S] [--only compression|attack] [--quick]
-#   --quick: 2 clients, 1 round, a few runs: a smoke test of the script and the flags (CTest).
+#   --quick: 5 clients, 1 round, a few runs: a smoke test of the script and the flags (CTest).
 # Takes about 20 s per run on 2 cores with the defaults (10 clients, 10 rounds): ~5 minutes.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +23,7 @@ bin="$root/build/bin"
 out=""
 clients=10
 rounds=10
-scale=10
+scale=5
 only=""
 quick=0
 while [ $# -gt 0 ]; do
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
     --attack-scale) scale=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "experiments.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -55,11 +58,26 @@ run() {
   local name=$1
   shift
   echo "experiments.sh: run $name" >&2
-  # A diverged model (NaN updates refused round after round) must not hang the script.
-  if ! timeout 600 "$root/examples/fedavg/run.sh" --bin "$bin" --out "$out/$name" \
-      --clients "$clients" --shards 2 --rounds "$rounds" --insecure "$@" >"$out/$name.log" 2>&1; then
-    echo "experiments.sh: run $name failed; its log:" >&2
-    tail -n 20 "$out/$name.log" >&2
+  timeout 300 "$root/examples/fedavg/run.sh" --bin "$bin" --out "$out/$name" \
+    --clients "$clients" --shards 2 --rounds "$rounds" --insecure "$@" >"$out/$name.log" 2>&1 &
+  local pid=$! status=0
+  # A diverged model makes every update non-finite: the shards refuse them and the coordinator
+  # retries the round for ever. Three such rounds end the run (reported as diverged).
+  while kill -0 "$pid" 2>/dev/null; do
+    local refused
+    refused=$(grep -c 'closes with 0 complete updates' "$out/$name.log" 2>/dev/null || true)
+    if [ "${refused:-0}" -ge 3 ]; then
+      echo "experiments.sh: run $name diverged (every update non-finite); stopping it" >&2
+      touch "$out/$name.diverged"
+      kill "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 1
+  done
+  wait "$pid" || status=$?
+  if [ "$status" != 0 ]; then
+    echo "experiments.sh: run $name failed (exit $status); its log ends:" >&2
+    tail -n 5 "$out/$name.log" >&2
     return 1
   fi
 }
@@ -71,6 +89,13 @@ experiment() {
   shift 2
   if run "$name" "$@"; then
     line=$(summary "$name" "$fields")
+  elif [ -s "$out/$name/metrics.jsonl" ]; then  # e.g. a diverged model: report what it reached
+    line=$(summary "$name" "$fields")
+    if [ -e "$out/$name.diverged" ]; then
+      line=$("$py" -c 'import json,sys; r=json.loads(sys.argv[1]); r["diverged"]=True; print(json.dumps(r))' "$line")
+    else
+      line=$("$py" -c 'import json,sys; r=json.loads(sys.argv[1]); r["error"]="run failed, see "+sys.argv[2]; print(json.dumps(r))' "$line" "$out/$name.log")
+    fi
   else
     line=$("$py" -c 'import json,sys; r=json.loads(sys.argv[1]); r["error"]="run failed, see "+sys.argv[2]; print(json.dumps(r))' "$fields" "$out/$name.log")
   fi

@@ -2,11 +2,14 @@
 // and cohort-client processes on loopback over TLS.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/server/checkpoint.h"
 #include "cohort/transport/endpoint.h"
 #include "federation.h"
 
@@ -36,11 +39,74 @@ std::vector<nlohmann::json> run_compressed(const std::vector<std::string>& compr
   return f.records("round");
 }
 
+// The whole model as the shards last checkpointed it, concatenated in shard order.
+std::vector<float> checkpointed_model(const Federation& f, int shards) {
+  std::vector<float> out;
+  for (int i = 0; i < shards; ++i) {
+    cohort::server::CheckpointStore store(f.checkpoint_dir(), "shard-" + std::to_string(i));
+    auto state = store.load_latest();
+    REQUIRE(state.has_value());
+    REQUIRE(state->begin == out.size());
+    out.insert(out.end(), state->params.begin(), state->params.end());
+  }
+  return out;
+}
+
+// The model after one round of 3 clients on 2 shards with `extra` server and client flags.
+std::vector<float> one_round(const std::vector<std::string>& server_extra,
+                             const std::vector<std::string>& client_extra) {
+  std::vector<std::string> args{
+      "--server.rounds=1",     "--server.clients_per_round=3",        "--server.min_clients=3",
+      "--server.eval_every=0", "--model.spec=" + std::string(kModel), "--train.steps=20"};
+  args.insert(args.end(), server_extra.begin(), server_extra.end());
+  Federation f(2, 3, args);
+  for (int i = 0; i < 3; ++i) f.client_extra[i] = client_extra;
+  f.start();
+  REQUIRE(f.wait(120s) == 0);
+  return checkpointed_model(f, 2);
+}
+
 }  // namespace
 
+TEST_CASE("decoded pushes land where they belong: fp16 and top-k steps, FedAvg and FedBuff") {
+  std::vector<float> init(cohort::kernels::make_network_spec(kModel).parameter_count());
+  cohort::kernels::make_network_spec(kModel).initialize(1, init);
+  const auto dense = one_round({}, {});
+  const auto fp16 = one_round({}, {"--compressor.name=fp16"});
+  const auto fp16_buffered = one_round({"--server.mode=fedbuff", "--server.buffer_size=3",
+                                        "--server.concurrency=3", "--server.max_staleness=0"},
+                                       {"--compressor.name=fp16"});
+  const auto topk = one_round({}, {"--compressor.name=topk", "--compressor.k_fraction=0.01"});
+  double moved = 0, fp16_err = 0, buffered_err = 0;
+  for (std::size_t i = 0; i < init.size(); ++i) {
+    moved = std::max(moved, std::abs(static_cast<double>(dense[i] - init[i])));
+    fp16_err = std::max(fp16_err, std::abs(static_cast<double>(fp16[i] - dense[i])));
+    buffered_err =
+        std::max(buffered_err, std::abs(static_cast<double>(fp16_buffered[i] - fp16[i])));
+  }
+  MESSAGE("largest step " << moved << ", fp16 vs fp32 " << fp16_err << ", FedBuff vs FedAvg (fp16) "
+                          << buffered_err);
+  CHECK(moved > 1e-3);
+  CHECK(fp16_err > 0);  // the pushes really were fp16
+  // Decoded at the right places: fp16 rounds each client's value to 2^-11 relative (a client's
+  // largest value may be a few times the mean step); a misplaced piece would be off by ~moved.
+  CHECK(fp16_err < 4e-3 * moved + 1e-7);
+  CHECK(buffered_err <= 1e-6);  // FedBuff (K = 3, no staleness) = FedAvg, both decoding fp16
+  // Top-k 1% per shard range: each client moves at most k coordinates of each range, so the round
+  // moves at most 3 x (k0 + k1), and at least one client's k0 + k1.
+  const std::size_t d = init.size(), n0 = (d + 1) / 2, n1 = d / 2;
+  const std::size_t k = n0 / 100 + n1 / 100;
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < d; ++i) changed += topk[i] != init[i] ? 1 : 0;
+  MESSAGE("top-k moved " << changed << " of " << d << " parameters (k per client " << k << ")");
+  CHECK(changed >= k);
+  CHECK(changed <= 3 * k);
+}
+
 TEST_CASE("top-k 1% with error feedback: rounds complete, uplink over 30x smaller than fp32") {
-  const auto rounds = run_compressed(
-      {"--compressor.name=topk", "--compressor.k_fraction=0.01", "--compressor.error_feedback=true"}, 3);
+  const auto rounds = run_compressed({"--compressor.name=topk", "--compressor.k_fraction=0.01",
+                                      "--compressor.error_feedback=true"},
+                                     3);
   REQUIRE(rounds.size() == 3);
   const double dense = 3 * dense_push_bytes();  // what 3 fp32 pushes per round would send
   for (const auto& r : rounds) {
@@ -73,9 +139,10 @@ TEST_CASE("fp16 pushes: half the uplink bytes of fp32, accuracy as usual") {
 
 TEST_CASE("a malformed compressed push is refused with an ack; the round goes on") {
   // client-0 is a real client; client-1 is this test speaking the protocol with garbage.
-  Federation f(1, 2, {"--server.rounds=1", "--server.clients_per_round=2", "--server.min_clients=2",
-                      "--server.min_updates=1", "--server.round_deadline_ms=30000",
-                      "--model.spec=" + std::string(kModel), "--train.epochs=1"});
+  Federation f(1, 2,
+               {"--server.rounds=1", "--server.clients_per_round=2", "--server.min_clients=2",
+                "--server.min_updates=1", "--server.round_deadline_ms=30000",
+                "--model.spec=" + std::string(kModel), "--train.epochs=1"});
   f.start_servers();
   f.start_client(0);
   transport::Context ctx;
@@ -119,8 +186,16 @@ TEST_CASE("a malformed compressed push is refused with an ack; the round goes on
   std::memcpy(bad.data() + 8, &count, 4);
   transport::Envelope e;
   e.round = start->round;
-  e.body = transport::Push{shard.index, shard.begin, shard.end, 100, start->model_version,
-                           transport::Encoding::kTopK, transport::PushKind::kDelta, 0.0f, 0, n};
+  e.body = transport::Push{shard.index,
+                           shard.begin,
+                           shard.end,
+                           100,
+                           start->model_version,
+                           transport::Encoding::kTopK,
+                           transport::PushKind::kDelta,
+                           0.0f,
+                           0,
+                           n};
   ep.send({}, std::move(e), transport::Payload{bad, nullptr});
   std::optional<transport::PushAck> ack;
   while (!ack && std::chrono::steady_clock::now() < deadline) {
@@ -152,11 +227,12 @@ TEST_CASE("a malformed compressed push is refused with an ack; the round goes on
 
 TEST_CASE("client-level DP: clipped pushes, server noise, epsilon reported per round") {
   const double z = 1.1, delta = 1e-5;
-  Federation f(1, 2, {"--server.rounds=3", "--server.clients_per_round=2", "--server.min_clients=2",
-                      "--model.spec=" + std::string(kModel), "--train.steps=20",
-                      "--dp.clip=0.5", "--dp.noise_multiplier=1.1", "--dp.delta=1e-5",
-                      "--dp.seed=7"});
-  for (int i = 0; i < 2; ++i) f.client_extra[i] = {"--client.dp_clip=0.5", "--compressor.name=fp16"};
+  Federation f(1, 2,
+               {"--server.rounds=3", "--server.clients_per_round=2", "--server.min_clients=2",
+                "--model.spec=" + std::string(kModel), "--train.steps=20", "--dp.clip=0.5",
+                "--dp.noise_multiplier=1.1", "--dp.delta=1e-5", "--dp.seed=7"});
+  for (int i = 0; i < 2; ++i)
+    f.client_extra[i] = {"--client.dp_clip=0.5", "--compressor.name=fp16"};
   f.start();
   REQUIRE(f.wait(120s) == 0);
   const auto rounds = f.records("round");
