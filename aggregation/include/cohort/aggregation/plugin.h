@@ -21,6 +21,8 @@
 //
 // A plug-in must be built with the same compiler family and standard library as the binary that
 // loads it (g++ / libstdc++ on Debian 12), against the installed package of the same version.
+// Today only cohort-server loads plug-ins: a compressor a plug-in adds is known to the server
+// side only, so clients need a program of their own that registers it too.
 #pragma once
 
 #include <filesystem>
