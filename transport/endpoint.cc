@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -126,6 +127,18 @@ struct Session {
   std::unordered_map<std::uint64_t, Transfer> transfers;
   std::string failure;
 };
+
+// zmq::poll that treats an interrupting signal as an early timeout instead of an error.
+// Returns false when a signal interrupted the wait.
+bool poll_sockets(zmq::pollitem_t* items, std::size_t count, std::chrono::milliseconds timeout) {
+  try {
+    zmq::poll(items, count, timeout);
+    return true;
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return false;
+    throw;
+  }
+}
 
 // Copies into memory that will not be read again soon (a reassembly buffer far larger than the
 // caches) with non-temporal stores, which skip reading each destination line first: 2x memcpy's
@@ -1217,7 +1230,7 @@ struct Endpoint::Impl {
       if (left.count() <= 0) return;
       zmq::pollitem_t items[2] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
                                   {monitor ? monitor.handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, monitor ? 2 : 1, std::min(left, std::chrono::milliseconds(250)));
+      (void)poll_sockets(items, monitor ? 2 : 1, std::min(left, std::chrono::milliseconds(250)));
     }
   }
 
@@ -1393,7 +1406,11 @@ int Endpoint::poll(std::span<Endpoint* const> endpoints, std::chrono::millisecon
       items.push_back({ep->impl_->socket.handle(), 0, ZMQ_POLLIN, 0});
       if (ep->impl_->monitor) items.push_back({ep->impl_->monitor.handle(), 0, ZMQ_POLLIN, 0});
     }
-    zmq::poll(items.data(), items.size(), std::min(left, std::chrono::milliseconds(250)));
+    // A signal (SIGTERM asking a shard to checkpoint and stop) interrupts the wait: report
+    // "nothing ready" so that the caller sees its stop flag now, not at its next timeout.
+    if (!poll_sockets(items.data(), items.size(), std::min(left, std::chrono::milliseconds(250)))) {
+      return -1;
+    }
   }
 }
 

@@ -1,8 +1,10 @@
 // Federations of real cohort-server and cohort-client processes on loopback.
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <thread>
 
+#include "cohort/server/checkpoint.h"
 #include "federation.h"
 
 using namespace std::chrono_literals;
@@ -68,4 +70,18 @@ TEST_CASE("kill -9 of shard 1 mid-training, then restart: it resumes from its ch
   CHECK(rounds.size() == 6);
   CHECK(f.server(1).stderr_text().find("resumed from checkpoint") != std::string::npos);
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.6);
+}
+
+TEST_CASE("SIGTERM to a waiting shard writes a checkpoint and exits 0") {
+  // No clients: shard 0 sits in its poll loop, where the signal interrupts ZeroMQ's wait (EINTR).
+  Federation f(1, 0, {"--server.rounds=3"});
+  f.start();
+  std::this_thread::sleep_for(1s);
+  f.server(0).kill(SIGTERM);
+  const auto code = f.server(0).wait_for(30s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  cohort::server::CheckpointStore store(f.checkpoint_dir(), "shard-0");
+  CHECK(store.load_latest().has_value());
+  CHECK(f.server(0).stderr_text().find("stopping (signal)") != std::string::npos);
 }
