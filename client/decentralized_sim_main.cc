@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     for (const auto& algo : split(algos)) {
       std::map<std::string, Value, std::less<>> opts;
       if (algo.starts_with("dsgdm") || algo.starts_with("qg") || algo == "push_sum" ||
-          algo == "sgp" || algo == "choco") {
+          algo == "sgp" || algo == "choco" || algo == "ring_allreduce") {
         opts["momentum"] = momentum;
       }
       if (algo.starts_with("qg")) opts["mu"] = mu;
