@@ -111,6 +111,8 @@ class Participant {
       if (coordinator_->stats().handshakes != coordinator_handshakes_) {
         COHORT_LOG(Info) << "new session with the coordinator; registering again";
         join();
+        // The last report may have died with the old session; the coordinator counts it once.
+        if (last_report_) send_report(*last_report_);
       }
       std::optional<Message> m;
       if (!deferred_.empty()) {
@@ -510,6 +512,7 @@ class Participant {
   }
 
   void send_report(const transport::ClientReport& r) {
+    last_report_ = r;
     Envelope e;
     e.round = r.round;
     e.body = r;
@@ -525,6 +528,7 @@ class Participant {
   transport::Context ctx_;
   ThreadPool* pool_ = nullptr;
   std::optional<Endpoint> coordinator_;
+  std::optional<transport::ClientReport> last_report_;
   std::uint64_t coordinator_handshakes_ = 0;
   std::vector<std::unique_ptr<Endpoint>> shard_eps_;
   std::vector<transport::ShardInfo> shards_;

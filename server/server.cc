@@ -213,6 +213,7 @@ class Shard {
     for (auto& [key, t] : transfers_) release(t);
     transfers_.clear();
     pushed_.clear();
+    applied_.clear();
     if (store_ && commit) {
       const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
       if (committed_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
@@ -308,7 +309,14 @@ class Shard {
       else if (open_round_ != 0 && round != open_round_) why = "push for another round";
       else if (pushed_.contains(m.sender)) why = "duplicate push for this round";
       else if (p.num_samples == 0) why = "zero samples";
-      if (!why.empty()) {
+      if (!why.empty() && applied_.contains(m.sender) && round == open_round_) {
+        // A resend of an update already folded in (its ack was lost, e.g. on a cut link):
+        // acknowledge it again and ignore its bytes, so it counts once and is applied once.
+        t.rejected = true;
+        reply_ack(ep, m, true, "");
+        COHORT_LOG(Info) << "shard " << index_ << ": " << m.sender << " resent its update for round "
+                         << round << ", already applied: acknowledged again";
+      } else if (!why.empty()) {
         t.rejected = true;
         reply_ack(ep, m, false, why);
         COHORT_LOG(Info) << "shard " << index_ << ": refused push from " << m.sender << ": " << why;
@@ -393,7 +401,10 @@ class Shard {
     if (m.complete) {
       aggregator_->end_update(t.client, true);
       release(t);
+      applied_.insert(m.sender);
       reply_ack(ep, m, true, "");
+      COHORT_LOG(Debug) << "shard " << index_ << ": applied the update of " << m.sender
+                        << " for round " << m.envelope.round;
     }
   }
 
@@ -654,6 +665,7 @@ class Shard {
   double dp_clip_ = 0, dp_noise_ = 0;
   std::uint64_t dp_seed_ = 0;
   std::set<NodeId> pushed_;
+  std::set<NodeId> applied_;  // senders whose update of the open round is complete and accepted
   std::unordered_map<NodeId, ClientId> client_ids_;
   std::optional<CheckpointStore> store_;
   MetricsSink* metrics_ = nullptr;
@@ -927,6 +939,7 @@ class Coordinator {
     selected_.clear();
     completed_.clear();
     reported_ = 0;
+    reporters_.clear();
     round_loss_ = 0;
     round_samples_ = 0;
     round_bytes_ = 0;
@@ -1088,6 +1101,8 @@ class Coordinator {
       return;
     }
     if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
+    // A client resends its report after a reconnect, not knowing whether it arrived: count once.
+    if (!reporters_.insert(m.sender).second) return;
     ++reported_;
     round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
     round_uplink_ += static_cast<double>(r.bytes_sent);
@@ -1142,6 +1157,12 @@ class Coordinator {
     if (state_ != State::kClosing) return;
     state_ = State::kIdle;
     if (!closing_commit_) return;
+    if (pending_eval_) {
+      // The previous round's evaluation is still out (its client may be cut off): print that
+      // round without it rather than lose its record.
+      print_round(pending_eval_round_, std::nullopt);
+      pending_eval_ = false;
+    }
     ++committed_;
     last_round_s_ = std::chrono::duration<double>(Clock::now() - round_started_).count();
     pending_round_record_ = current_record();
@@ -1292,6 +1313,7 @@ class Coordinator {
   Clock::time_point close_retry_;
   std::set<NodeId> selected_, completed_;
   std::size_t reported_ = 0;
+  std::set<NodeId> reporters_;  // who has reported in the running federated round
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
   std::uint64_t round_samples_ = 0;
   double last_round_s_ = 0, total_bytes_ = 0;
