@@ -118,6 +118,13 @@ class Rendezvous {
     if (const auto* h = std::get_if<transport::Heartbeat>(&m.envelope.body)) {
       mem->clock = h->clock;
       max_clock_ = std::max(max_clock_, h->clock);
+      if (!mem->alive && started_ && !mem->url.empty()) {
+        // Dropped for silence but still there (a long stall): take it back in.
+        mem->alive = true;
+        start_step_ = max_clock_ + 2;
+        COHORT_LOG(Info) << "peer " << who << " is heartbeating again: back in the topology";
+        broadcast_members();
+      }
     } else if (const auto* rep = std::get_if<transport::ClientReport>(&m.envelope.body)) {
       mem->reported = true;
       mem->report = *rep;
