@@ -1402,10 +1402,13 @@ ConfigSchema config_schema() {
 }
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
-  if (config.get_string("server.mode") == "decentralized") {
-    transport::Context ctx;  // the rendezvous has no shard: only membership and the topology
-    return run_rendezvous(config, stop, ctx);
-  }
+  transport::Context ctx;
+  return run(config, registries, stop, ctx);
+}
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx) {
+  if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
   const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   if (shards < 1 || index >= shards) {
@@ -1435,11 +1438,12 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1)) throw ConfigError("dp.delta must be in (0, 1)");
   if (dp_clip > 0 && mode != "federated") throw ConfigError("dp.clip applies to server.mode = federated only");
 
-  transport::Context ctx;
   ThreadPool pool(2);
   auto opts = endpoint_options(config, name);
   opts.pool = &pool;
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
+  // In one process (cohort-sim) a fleet socket may speak for many virtual clients.
+  opts.multiplex = config.get_string("server.listen").rfind("inproc://", 0) == 0;
   // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back.
   opts.receive_queue = static_cast<int>(config.get_int("transport.receive_queue"));
   auto ep = Endpoint::bind(ctx, config.get_string("server.listen"), opts);

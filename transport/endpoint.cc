@@ -423,7 +423,7 @@ struct Endpoint::Impl {
     const std::uint32_t count =
         total == 0 ? 1 : static_cast<std::uint32_t>((total + chunk - 1) / chunk);
     env.protocol_version = kProtocolVersion;
-    env.sender = options.node_id;
+    if (!options.multiplex || is_router || env.sender.empty()) env.sender = options.node_id;
     env.seq = ++seq;
     env.payload_bytes = total;
     env.chunk_bytes = total == 0 ? 0 : static_cast<std::uint32_t>(chunk);
@@ -432,7 +432,8 @@ struct Endpoint::Impl {
     auto envelope_for = [&](std::uint32_t i) {
       if (i == 0) return env;
       Envelope c;
-      c.sender = options.node_id;
+      c.sender = env.sender;
+      c.recipient = env.recipient;
       c.seq = ++seq;
       c.round = env.round;
       c.payload_bytes = total;
@@ -1304,7 +1305,11 @@ std::unique_ptr<Endpoint::Impl> make_impl(const std::string& url, EndpointOption
       throw ConfigError("node id '" + options.node_id + "' does not match the certificate " +
                         options.security.cert_file + " (CN '" + impl->tls->local_id() + "')");
     }
-  } else if (!is_inproc(url)) {
+  }
+  if (options.multiplex && (impl->secure || !is_inproc(url))) {
+    throw ConfigError("multiplexed endpoints are for plaintext inproc:// urls only, not " + url);
+  }
+  if (!impl->secure && !is_inproc(url)) {
     COHORT_LOG(Warn) << "plaintext transport on " << url
                      << ": anyone on the network can read and forge messages (--insecure)";
   }
@@ -1376,8 +1381,25 @@ const std::string& Endpoint::url() const { return impl_->url; }
 bool Endpoint::is_secure() const { return impl_->secure; }
 const NodeId& Endpoint::node_id() const { return impl_->options.node_id; }
 
+namespace {
+// A multiplexing ROUTER's handle: "sender\0routing id" (node ids hold no NUL byte).
+PeerHandle join_handle(const PeerHandle& routing, const NodeId& sender) {
+  return sender + '\0' + routing;
+}
+std::pair<PeerHandle, NodeId> split_handle(const PeerHandle& handle) {
+  const auto nul = handle.find('\0');
+  if (nul == std::string::npos) return {handle, NodeId{}};
+  return {handle.substr(nul + 1), handle.substr(0, nul)};
+}
+}  // namespace
+
 std::optional<std::uint64_t> Endpoint::send(const PeerHandle& peer, Envelope envelope,
                                             Payload payload) {
+  if (impl_->is_router && impl_->options.multiplex) {
+    auto [routing, recipient] = split_handle(peer);
+    envelope.recipient = std::move(recipient);
+    return impl_->send_message(routing, std::move(envelope), std::move(payload));
+  }
   return impl_->send_message(peer, std::move(envelope), std::move(payload));
 }
 
@@ -1386,6 +1408,7 @@ std::optional<Message> Endpoint::receive(std::chrono::milliseconds timeout) {
   if (impl_->inbox.empty()) return std::nullopt;
   Message m = std::move(impl_->inbox.front());
   impl_->inbox.pop_front();
+  if (impl_->is_router && impl_->options.multiplex) m.peer = join_handle(m.peer, m.sender);
   return m;
 }
 
@@ -1418,8 +1441,10 @@ void Endpoint::wait_ready(std::chrono::milliseconds timeout) { impl_->wait_ready
 bool Endpoint::is_ready() const { return impl_->is_ready(); }
 
 std::optional<NodeId> Endpoint::peer_id(const PeerHandle& peer) const {
-  auto it = impl_->sessions.find(peer);
+  const bool mux = impl_->is_router && impl_->options.multiplex;
+  auto it = impl_->sessions.find(mux ? split_handle(peer).first : peer);
   if (it == impl_->sessions.end() || it->second.state != Session::State::kReady) return std::nullopt;
+  if (mux) return split_handle(peer).second;
   return it->second.peer_id;
 }
 

@@ -300,6 +300,7 @@ std::vector<std::byte> encode(const Envelope& envelope) {
   e.setRound(envelope.round);
   e.setPayloadBytes(envelope.payload_bytes);
   e.setChunkBytes(envelope.chunk_bytes);
+  if (!envelope.recipient.empty()) e.setRecipient(envelope.recipient);
   std::visit(Writer{e.initBody()}, envelope.body);
   auto words = capnp::messageToFlatArray(builder);
   auto bytes = words.asBytes();
@@ -346,6 +347,10 @@ Envelope decode(std::span<const std::byte> bytes) {
     out.round = e.getRound();
     out.payload_bytes = e.getPayloadBytes();
     out.chunk_bytes = e.getChunkBytes();
+    out.recipient = text(e.getRecipient(), "recipient");
+    if (!out.recipient.empty() && !is_valid_node_id(out.recipient)) {
+      throw ProtocolError("envelope recipient is not a valid node id");
+    }
     if (out.payload_bytes > 0 && out.chunk_bytes == 0) {
       throw ProtocolError("envelope announces a payload but no chunk size");
     }

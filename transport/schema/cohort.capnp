@@ -41,6 +41,10 @@ struct Envelope {
     roundClose @19 :RoundClose;
     report @20 :ClientReport;
   }
+
+  # A reply through a multiplexed connection (one in-process socket speaking for many virtual
+  # nodes, as cohort-sim's fleet does) names the virtual node it is for; empty otherwise.
+  recipient @21 :Text;
 }
 
 # What a node is in a federation.

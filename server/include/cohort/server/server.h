@@ -17,6 +17,10 @@
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
 
+namespace cohort::transport {
+class Context;
+}
+
 namespace cohort::server {
 
 // Every key cohort-server accepts, with defaults and help.
@@ -26,5 +30,11 @@ ConfigSchema config_schema();
 // leave) or `stop` becomes true (SIGTERM: a final checkpoint is written). Returns the process
 // exit code: 0 when training completed, 1 on a fatal error, 0 after a requested stop.
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop);
+
+// The same inside a process that runs several shards and clients (cohort-sim): every shard and
+// client shares the process's one ZeroMQ context, which inproc:// urls need. `ctx` must outlive
+// the call.
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx);
 
 }  // namespace cohort::server

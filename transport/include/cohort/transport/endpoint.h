@@ -79,6 +79,12 @@ struct EndpointOptions {
   std::chrono::milliseconds transfer_timeout{60000}; // half-received payloads dropped after this
   int heartbeat_ms = 1000;                           // ZMTP heartbeats; peer dead after 5x
   int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
+  // Multiplexed connections, for plaintext inproc:// only (a ConfigError elsewhere): one socket
+  // speaks for many virtual nodes of this process (cohort-sim's fleet). DEALER: send() keeps a
+  // non-empty envelope.sender the caller set instead of node_id. ROUTER: each peer handle names
+  // one (connection, sender) pair, and a send through it sets envelope.recipient to that sender,
+  // so the DEALER can hand the reply to the right virtual node. Off: behaviour is unchanged.
+  bool multiplex = false;
 };
 
 // A ROUTER's opaque handle for one connected peer (its ZeroMQ routing id). Empty on a DEALER.

@@ -185,6 +185,7 @@ struct Envelope {
   std::uint64_t payload_bytes = 0;
   std::uint32_t chunk_bytes = 0;
   Body body;
+  NodeId recipient;  // replies through a multiplexed connection: the virtual node addressed
   bool operator==(const Envelope&) const = default;
 };
 

@@ -1,0 +1,1239 @@
+// cohort-sim's engine.
+//
+// Design
+// ------
+// The server is the real one: every shard runs cohort::server::run() on its own thread with an
+// inproc:// listen url, in the process's one ZeroMQ context, unchanged in behaviour (the round
+// state machine, selection, deadlines, streaming FedAvg and its metrics are those of
+// cohort-server).
+//
+// The clients are a "fleet": one multiplexed DEALER per shard, owned by the fleet's thread,
+// speaks for all N virtual clients (EndpointOptions::multiplex, plaintext inproc only). Each
+// message carries the virtual client's node id as its sender; the shard's ROUTER gives every
+// (connection, sender) pair its own peer handle, and replies through it name the virtual client
+// in Envelope.recipient, so the fleet routes them. 10,000 clients therefore cost 10,000 ids,
+// partitions and profiles, not 10,000 sockets (ZeroMQ's default limit is 1,023 per context, and
+// each costs file descriptors). A virtual client holds its partition's row indices and a profile
+// (~50 bytes); model copies exist only for the clients in flight (a window of about twice the
+// training threads), and each training thread owns one network and trainer, so memory grows with
+// the threads and the selected cohort, not with the registered clients.
+//
+// The protocol is the participant's (participant.cc): Register -> Welcome, and per RoundStart:
+// Pull from every shard, local training, Push of the delta to every shard, PushAck, ClientReport;
+// evaluate_only rounds pull and evaluate on the test set.
+//
+// Virtual clock (sim_clock.h): when a round's RoundStarts are in, the fleet knows the selected
+// cohort; from each client's profile, the bytes of its pulls and pushes and its training work it
+// computes the simulated finish times, and plan_round() applies the coordinator's closing rule in
+// simulated time. Clients that make the cut (the first K by simulated finish) run the protocol
+// and report in time; later ones ("cut") and those past the deadline ("stragglers") pull and
+// report that they missed the round; offline and dropped-out clients stay silent, as real ones
+// would, so the real coordinator closes the round at its (real-time) deadline, sim.wall_deadline_ms,
+// with the rest. server.round_deadline_ms is the deadline on the simulated clock.
+//
+// Determinism: selection is the coordinator's seeded sampler over all N registered clients
+// (server.min_clients = N). The profile, availability and dropout of a client in a round are
+// functions of (sim.seed, client, round). Training seeds are the participant's. Who completes is
+// decided on the simulated clock, never by thread timing. FedAvg sums in double, and double
+// addition is not associative, so the fleet pushes the completed updates strictly in client-id
+// order (a reorder window behind the training threads) and sends reports in that order too. The
+// metrics files then differ between runs only in fields named wall_*.
+#include "sim.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "cohort/client/idx.h"
+#include "cohort/client/partition.h"
+#include "cohort/client/trainer.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/metrics.h"
+#include "cohort/core/thread_pool.h"
+#include "cohort/kernels/device.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/server/server.h"
+#include "cohort/transport/endpoint.h"
+#include "sim_clock.h"
+
+namespace cohort::client::sim {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Endpoint;
+using transport::Envelope;
+using transport::Message;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+
+std::string human_duration(double s) {
+  char buf[32];
+  if (s >= 86400) std::snprintf(buf, sizeof buf, "%.1fd", s / 86400);
+  else if (s >= 3600) std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%.1fm", s / 60);
+  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+// The server's configuration for shard `index` of the simulation.
+Config shard_config(const Config& sim, std::uint32_t index, const std::vector<std::string>& urls) {
+  const ConfigSchema schema = server::config_schema();
+  Config c(schema);
+  for (const auto& o : schema.options()) c.set_value(o.key, [&]() -> Value {
+    switch (o.type) {
+      case ValueType::kBool: return sim.get_bool(o.key);
+      case ValueType::kInt: return sim.get_int(o.key);
+      case ValueType::kDouble: return sim.get_double(o.key);
+      case ValueType::kString: return sim.get_string(o.key);
+    }
+    return sim.get_string(o.key);
+  }());
+  for (const char* section : {"train", "aggregator", "server_optimizer"}) {
+    const auto s = sim.section(section);
+    for (const auto& name : s.names()) c.set(std::string(section) + "." + name, s.get_string(name, ""));
+  }
+  c.set_value("server.shard", std::int64_t{index});
+  c.set_value("server.listen", urls[index]);
+  c.set_value("server.advertise", urls[index]);
+  c.set_value("server.coordinator", index == 0 ? std::string() : urls[0]);
+  c.set_value("server.name", "shard-" + std::to_string(index));
+  c.set_value("server.port_file", std::string());
+  c.set_value("server.min_clients", sim.get_int("sim.clients"));
+  c.set_value("server.round_deadline_ms", sim.get_int("sim.wall_deadline_ms"));
+  c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
+  c.set_value("tls.insecure", true);
+  if (index != 0) c.set_value("server.metrics_file", std::string());
+  return c;
+}
+
+// A training thread's network and trainer; the fleet keeps one per thread.
+struct Slot {
+  std::unique_ptr<kernels::Network> net;
+  std::optional<LocalTrainer> trainer;
+};
+
+struct RoundRecord {
+  std::uint64_t seq = 0, round_id = 0;
+  std::size_t selected = 0, completed = 0, cut = 0, stragglers = 0, silent = 0;
+  bool committed = false;
+  double sim_round_s = 0, sim_total_s = 0;
+  double loss_sum = 0;
+  std::uint64_t samples = 0, bytes = 0;
+  double wall_round_s = 0, wall_train_s = 0;
+  bool evaluated = false;
+  double test_loss = 0, test_accuracy = 0;
+};
+
+class Fleet {
+ public:
+  Fleet(const Config& config, transport::Context& ctx, const std::vector<std::string>& urls,
+        const std::atomic<bool>& stop, const std::function<bool()>& shards_failed)
+      : config_(config), ctx_(ctx), urls_(urls), stop_(stop), shards_failed_(shards_failed),
+        pool_(config.get_int("sim.threads") > 0 ? static_cast<std::size_t>(config.get_int("sim.threads")) : 0),
+        metrics_(config.get_string("sim.metrics_file")) {
+    n_ = static_cast<std::size_t>(config.get_int("sim.clients"));
+    seed_ = static_cast<std::uint64_t>(config.get_int("sim.seed"));
+    k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
+    min_updates_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
+    deadline_s_ = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
+    rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
+    window_ = 2 * pool_.size() + 2;
+    const std::size_t want = static_cast<std::size_t>(
+        std::ceil(static_cast<double>(k_) * config.get_double("server.overselect")));
+    expected_selected_ = std::min(std::max<std::size_t>(want, 1), n_);
+    progress_ = config.get_bool("sim.progress");
+    tty_ = isatty(fileno(stderr)) != 0;
+    width_ = std::max<std::size_t>(5, std::to_string(n_ > 0 ? n_ - 1 : 0).size());
+    const auto csv = config.get_string("sim.csv_file");
+    if (!csv.empty()) {
+      csv_.open(csv, std::ios::trunc);
+      if (!csv_) throw ConfigError("cannot write sim.csv_file " + csv);
+      csv_ << "round,round_id,committed,selected,completed,cut,stragglers,silent,train_loss,"
+              "test_loss,test_accuracy,bytes,total_bytes,sim_round_seconds,sim_seconds,"
+              "wall_round_seconds,wall_train_seconds,wall_seconds\n";
+    }
+  }
+
+  Summary run() {
+    started_ = Clock::now();
+    load();
+    transport::EndpointOptions o;
+    o.node_id = "sim-fleet";
+    o.security.insecure = true;
+    o.multiplex = true;
+    o.chunk_bytes = static_cast<std::size_t>(config_.get_int("transport.chunk_kib")) * 1024;
+    for (const auto& url : urls_) eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
+    for (auto& e : eps_) ep_ptrs_.push_back(e.get());
+    registered_.assign(n_, false);
+    while (!finished_) {
+      if (stop_.load()) break;
+      if (shards_failed_()) throw InternalError("a server shard of the simulation failed (see its log)");
+      drive_registration();
+      const bool busy = in_flight_ > 0;
+      const int ready = Endpoint::poll(ep_ptrs_, busy ? 1ms : 20ms);
+      if (ready >= 0) {
+        for (std::size_t i = 0; i < eps_.size(); ++i) {
+          while (auto m = eps_[i]->receive(0ms)) dispatch(*m);
+        }
+      }
+      collect_results();
+      advance();
+      check_stalled_collection();
+      progress_line(false);
+    }
+    flush_records(true);
+    if (progress_ && tty_) std::fputc('\n', stderr);
+    summary_.wall_seconds = seconds_since(started_);
+    summary_.threads = pool_.size();
+    return summary_;
+  }
+
+  // After training: keep reading (the coordinator says goodbye to every client) until the shards
+  // have returned, so no shard blocks on a full queue.
+  void drain_until(const std::function<bool()>& done) {
+    const auto until = Clock::now() + 30s;
+    while (!done() && Clock::now() < until) {
+      if (Endpoint::poll(ep_ptrs_, 20ms) >= 0) {
+        for (auto& e : eps_) while (e->receive(0ms)) {}
+      }
+    }
+  }
+
+ private:
+  struct Job {
+    enum class Kind { kTrain, kPullOnly, kEvaluate };
+    Kind kind = Kind::kTrain;
+    std::uint32_t client = 0;
+    transport::RoundStart rs;
+    Fate fate = Fate::kCompletes;
+    ClientTime time;
+    FloatBuffer params;  // the pulled model, then (trained) the delta
+    std::uint64_t start_seq = 0;  // order of starts: a shard answers one client's pulls in order
+    std::vector<bool> got;        // per shard: its pull reply arrived
+    std::size_t pulls_pending = 0, acks_pending = 0;
+    bool pulled = false, trained = false, pushed = false, done = false;
+    std::vector<std::string> refusals;
+    TrainResult result;
+    EvalResult eval;
+    double wall_train_s = 0;
+    std::uint64_t bytes_down = 0, bytes_up = 0;
+  };
+
+  struct Result {
+    Job* job = nullptr;
+    std::exception_ptr error;
+  };
+
+  struct Collecting {
+    std::uint64_t round = 0;
+    transport::RoundStart rs;
+    std::vector<std::uint32_t> clients;
+    Clock::time_point last_arrival;
+  };
+
+  struct Active {
+    std::uint64_t round = 0;
+    transport::RoundStart rs;
+    std::vector<std::unique_ptr<Job>> jobs;  // completers in id order, then the others in id order
+    std::size_t completers = 0;
+    std::size_t next_start = 0, next_push = 0;
+    RoundRecord record;
+    Clock::time_point wall_start;
+  };
+
+  std::string name_of(std::uint32_t c) const {
+    std::string digits = std::to_string(c);
+    return "c" + std::string(width_ > digits.size() ? width_ - digits.size() : 0, '0') + digits;
+  }
+  std::optional<std::uint32_t> client_of(const std::string& name) const {
+    if (name.size() != width_ + 1 || name[0] != 'c') return std::nullopt;
+    std::uint64_t v = 0;
+    for (std::size_t i = 1; i < name.size(); ++i) {
+      if (name[i] < '0' || name[i] > '9') return std::nullopt;
+      v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
+    }
+    if (v >= n_) return std::nullopt;
+    return static_cast<std::uint32_t>(v);
+  }
+
+  void load() {
+    if (n_ == 0) throw ConfigError("sim.clients must be at least 1");
+    auto data = load_fashion_mnist(config_.get_string("data.dir"));
+    train_ = std::move(data.train);
+    test_ = std::move(data.test);
+    const auto spec = parse_partition_spec(config_.get_string("data.partition"));
+    partition_ = make_partition(spec, train_.labels(), n_, static_cast<std::uint64_t>(config_.get_int("data.seed")));
+    partition_text_ = spec.to_string();
+    const auto trace = config_.get_string("sim.profile_trace");
+    if (!trace.empty()) {
+      trace_ = read_profile_trace(trace);
+    } else {
+      profile_spec_.gflops = parse_distribution(config_.get_string("profile.gflops"), "profile.gflops");
+      profile_spec_.uplink_mbps = parse_distribution(config_.get_string("profile.uplink_mbps"), "profile.uplink_mbps");
+      profile_spec_.downlink_mbps = parse_distribution(config_.get_string("profile.downlink_mbps"), "profile.downlink_mbps");
+      profile_spec_.latency_ms = parse_distribution(config_.get_string("profile.latency_ms"), "profile.latency_ms");
+      parse_availability(config_.get_string("profile.availability"), profile_spec_);
+      profile_spec_.dropout = config_.get_double("profile.dropout");
+      if (!(profile_spec_.dropout >= 0 && profile_spec_.dropout <= 1)) {
+        throw ConfigError("profile.dropout must be in [0, 1]");
+      }
+    }
+    COHORT_LOG(Info) << "cohort-sim: " << n_ << " virtual clients (" << partition_text_ << "), "
+                     << pool_.size() << " training threads";
+  }
+
+  DeviceProfile profile(std::uint32_t c) const {
+    if (!trace_.empty()) return trace_[c % trace_.size()];
+    return draw_profile(profile_spec_, seed_, c);
+  }
+
+  void send(std::size_t shard, std::uint32_t client, Envelope e, transport::Payload payload = {}) {
+    e.sender = name_of(client);
+    eps_[shard]->send({}, std::move(e), payload);
+  }
+
+  // ---- registration ---------------------------------------------------------------------------
+
+  void drive_registration() {
+    if (all_registered()) return;
+    const auto now = Clock::now();
+    if (!welcomed_any_) {
+      // Until the first welcome (all shards up), one client knocks every 100 ms.
+      if (now >= next_knock_) {
+        send_register(0);
+        next_knock_ = now + 100ms;
+      }
+      return;
+    }
+    while (next_register_ < n_ && next_register_ < welcomes_ + 512) {
+      if (!registered_[next_register_]) send_register(static_cast<std::uint32_t>(next_register_));
+      ++next_register_;
+    }
+    if (!retry_.empty() && now >= next_knock_) {
+      for (auto c : retry_) send_register(c);
+      retry_.clear();
+      next_knock_ = now + 200ms;
+    }
+  }
+
+  [[nodiscard]] bool all_registered() const { return welcomes_ >= n_; }
+
+  void send_register(std::uint32_t c) {
+    transport::Register r;
+    r.role = transport::Role::kClient;
+    r.dataset_size = partition_[c].size();
+    r.device = "sim";
+    r.partition = partition_text_ + " " + std::to_string(c) + "/" + std::to_string(n_);
+    Envelope e;
+    e.body = r;
+    send(0, c, std::move(e));
+  }
+
+  void on_welcome(std::uint32_t c, const transport::Welcome& w) {
+    if (!welcomed_any_) {
+      welcomed_any_ = true;
+      setup_model(w);
+      next_register_ = 0;
+    }
+    if (!registered_[c]) {
+      registered_[c] = true;
+      ++welcomes_;
+      if (all_registered()) {
+        COHORT_LOG(Info) << "cohort-sim: " << n_ << " clients registered in "
+                         << seconds_since(started_) << " s";
+      }
+    }
+  }
+
+  void setup_model(const transport::Welcome& w) {
+    spec_ = kernels::make_network_spec(w.model_spec);
+    model_size_ = spec_.parameter_count();
+    if (model_size_ != w.model_size) throw ProtocolError("the coordinator's model size does not match its spec");
+    if (w.shards.size() != urls_.size()) throw ProtocolError("the coordinator announced another shard map");
+    shards_ = w.shards;
+    ConfigSchema schema;
+    schema.add_section("train", "");
+    Config train_cfg(schema);
+    train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
+    options_ = trainer_options_from(train_cfg.section("train"));
+    device_ = kernels::make_device("cpu", {.threads = 1});
+    for (std::size_t i = 0; i < pool_.size(); ++i) {
+      auto slot = std::make_unique<Slot>();
+      slot->net = device_->make_network(spec_);
+      slot->net->init(static_cast<std::uint64_t>(config_.get_int("data.seed")));
+      slot->trainer.emplace(*slot->net, options_);
+      free_slots_.push_back(slot.get());
+      slots_.push_back(std::move(slot));
+    }
+  }
+
+  // ---- message dispatch -----------------------------------------------------------------------
+
+  void dispatch(Message& m) {
+    const auto& body = m.envelope.body;
+    COHORT_LOG(Trace) << "fleet: " << transport::body_name(body) << " for '" << m.envelope.recipient << "'";
+    if (std::holds_alternative<transport::Bye>(body)) {
+      finished_ = true;
+      return;
+    }
+    const auto c = client_of(m.envelope.recipient);
+    if (!c) {
+      if (auto* e = std::get_if<transport::ErrorBody>(&body)) {
+        COHORT_LOG(Warn) << "cohort-sim: " << e->message;
+      }
+      return;
+    }
+    if (auto* w = std::get_if<transport::Welcome>(&body)) {
+      on_welcome(*c, *w);
+    } else if (auto* e = std::get_if<transport::ErrorBody>(&body)) {
+      if (!registered_[*c]) {
+        retry_.push_back(*c);
+        COHORT_LOG(Debug) << name_of(*c) << ": " << e->message;
+      } else {
+        COHORT_LOG(Warn) << name_of(*c) << ": " << e->message;
+      }
+    } else if (auto* rs = std::get_if<transport::RoundStart>(&body)) {
+      on_round_start(*c, *rs);
+    } else if (auto* r = std::get_if<transport::PullReply>(&body)) {
+      on_pull_reply(*c, *r, m);
+    } else if (auto* a = std::get_if<transport::PushAck>(&body)) {
+      on_push_ack(*c, *a, m);
+    }
+  }
+
+  void on_round_start(std::uint32_t c, const transport::RoundStart& rs) {
+    if (rs.mode != transport::TrainingMode::kFederated) {
+      throw ConfigError("cohort-sim runs federated rounds (server.mode = \"federated\")");
+    }
+    if (rs.evaluate_only) {
+      auto job = std::make_unique<Job>();
+      job->kind = Job::Kind::kEvaluate;
+      job->client = c;
+      job->rs = rs;
+      evals_.push_back(std::move(job));
+      start_job(*evals_.back());
+      return;
+    }
+    if (collecting_.empty() || collecting_.back().round != rs.round) {
+      collecting_.push_back(Collecting{rs.round, rs, {}, Clock::now()});
+    }
+    collecting_.back().clients.push_back(c);
+    collecting_.back().last_arrival = Clock::now();
+  }
+
+  // A round whose RoundStarts stopped short of the selection size (a client left the pool):
+  // plan it with what arrived after a quiet second. Not reached in a healthy simulation.
+  void check_stalled_collection() {
+    if (active_ || collecting_.empty()) return;
+    auto& front = collecting_.front();
+    if (front.clients.size() >= expected_selected_ || collecting_.size() > 1 ||
+        seconds_since(front.last_arrival) > 1.0) {
+      if (front.clients.size() < expected_selected_ && collecting_.size() == 1) {
+        COHORT_LOG(Warn) << "cohort-sim: round " << front.round << " selected " << front.clients.size()
+                         << " clients, expected " << expected_selected_;
+      }
+      Collecting next = std::move(front);
+      collecting_.pop_front();
+      plan(std::move(next));
+    }
+  }
+
+  Job* find_job(std::uint32_t c, std::uint64_t round, bool eval) {
+    if (eval) {
+      for (auto& j : evals_) if (j->client == c && j->rs.round == round) return j.get();
+      return nullptr;
+    }
+    if (!active_ || active_->round != round) return nullptr;
+    for (auto& j : active_->jobs) if (j->client == c && !j->done) return j.get();
+    return nullptr;
+  }
+
+  void on_pull_reply(std::uint32_t c, const transport::PullReply& r, const Message& m) {
+    // A client may have two jobs pulling (a late round's pull and an evaluation): a shard answers
+    // in order, so the reply belongs to the oldest job still waiting for this shard.
+    Job* job = nullptr;
+    auto consider = [&](Job* j) {
+      if (j->client != c || j->rs.round != m.envelope.round || j->pulls_pending == 0 ||
+          r.shard >= j->got.size() || j->got[r.shard]) {
+        return;
+      }
+      if (!job || j->start_seq < job->start_seq) job = j;
+    };
+    for (auto& j : evals_) consider(j.get());
+    if (active_) for (auto& j : active_->jobs) consider(j.get());
+    if (!job) return;
+    job->got[r.shard] = true;
+    if (r.end > model_size_ || r.begin > r.end || m.payload.size() != (r.end - r.begin) * sizeof(float)) {
+      throw ProtocolError("shard " + std::to_string(r.shard) + " sent a reply of the wrong shape");
+    }
+    std::memcpy(job->params.data() + r.begin, m.payload.data(), m.payload.size());
+    job->bytes_down += m.payload.size();
+    if (--job->pulls_pending == 0) on_pulled(*job);
+  }
+
+  void on_push_ack(std::uint32_t c, const transport::PushAck& a, const Message& m) {
+    Job* job = find_job(c, m.envelope.round, false);
+    if (!job || job->acks_pending == 0) return;
+    if (!a.accepted) job->refusals.push_back(a.reason);
+    if (--job->acks_pending == 0) finish_training_job(*job);
+  }
+
+  // ---- rounds ---------------------------------------------------------------------------------
+
+  void plan(Collecting col) {
+    std::sort(col.clients.begin(), col.clients.end());
+    std::uint64_t bytes_down = 0, bytes_up = 0;
+    for (const auto& s : shards_) {
+      bytes_down += (s.end - s.begin) * sizeof(float);
+      bytes_up += (s.end - s.begin) * sizeof(float);
+    }
+    std::vector<Selected> sel(col.clients.size());
+    std::vector<ClientTime> times(col.clients.size());
+    for (std::size_t i = 0; i < col.clients.size(); ++i) {
+      const std::uint32_t c = col.clients[i];
+      const DeviceProfile p = profile(c);
+      const auto samples = samples_per_round(partition_[c].size(), options_.batch_size, options_.epochs,
+                                             options_.steps, options_.drop_last);
+      times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples)});
+      sel[i].finish_s = times[i].total();
+      sel[i].silent = !is_online(p, seed_, c, col.round, sim_now_) || drops_out(p, seed_, c, col.round);
+    }
+    const RoundPlan plan = plan_round(sel, k_, deadline_s_);
+    active_.emplace();
+    Active& a = *active_;
+    a.round = col.round;
+    a.rs = col.rs;
+    a.wall_start = Clock::now();
+    if (summary_.rounds == 0) first_round_wall_ = a.wall_start;
+    auto& rec = a.record;
+    rec.seq = ++summary_.rounds;
+    rec.round_id = col.round;
+    rec.selected = col.clients.size();
+    rec.completed = plan.completes;
+    rec.committed = plan.completes >= min_updates_;
+    rec.sim_round_s = plan.close_s;
+    sim_now_ += plan.close_s;
+    rec.sim_total_s = sim_now_;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t i = 0; i < col.clients.size(); ++i) {
+        const Fate f = plan.fate[i];
+        if ((pass == 0) != (f == Fate::kCompletes)) continue;
+        if (f == Fate::kCut) ++rec.cut;
+        if (f == Fate::kStraggler) ++rec.stragglers;
+        if (f == Fate::kSilent) {
+          ++rec.silent;
+          continue;
+        }
+        auto job = std::make_unique<Job>();
+        job->kind = f == Fate::kCompletes ? Job::Kind::kTrain : Job::Kind::kPullOnly;
+        job->client = col.clients[i];
+        job->rs = col.rs;
+        job->fate = f;
+        job->time = times[i];
+        a.jobs.push_back(std::move(job));
+      }
+    }
+    a.completers = plan.completes;
+    flush_records(false);  // the previous round asked for no evaluation if none is pending
+  }
+
+  // Starts jobs within the window, pushes trained updates in client-id order, closes the round.
+  void advance() {
+    if (!active_) {
+      if (!collecting_.empty()) check_stalled_collection();
+      if (!active_) return;
+    }
+    Active& a = *active_;
+    // Completers first; the others only once every completer has reported (they would report
+    // after the round closed).
+    while (a.next_start < a.jobs.size() && in_flight_ < window_) {
+      if (a.next_start >= a.completers && !completers_reported(a)) break;
+      start_job(*a.jobs[a.next_start++]);
+    }
+    while (a.next_push < a.completers && a.jobs[a.next_push]->trained) push(*a.jobs[a.next_push++]);
+    if (a.next_start == a.jobs.size() &&
+        std::all_of(a.jobs.begin(), a.jobs.end(), [](const auto& j) { return j->done; })) {
+      close_active();
+    }
+  }
+
+  static bool completers_reported(const Active& a) {
+    for (std::size_t i = 0; i < a.completers; ++i) if (!a.jobs[i]->done) return false;
+    return true;
+  }
+
+  FloatBuffer take_buffer() {
+    if (!spare_.empty()) {
+      FloatBuffer b = std::move(spare_.back());
+      spare_.pop_back();
+      return b;
+    }
+    return FloatBuffer(model_size_);
+  }
+  void give_buffer(FloatBuffer& b) {
+    if (b.size() == model_size_) spare_.push_back(std::move(b));
+    b = FloatBuffer();
+  }
+
+  void start_job(Job& job) {
+    ++in_flight_;
+    job.params = take_buffer();
+    job.start_seq = ++starts_;
+    job.got.assign(shards_.size(), false);
+    job.pulls_pending = shards_.size();
+    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+      Envelope e;
+      e.round = job.rs.round;
+      e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, job.rs.model_version};
+      send(i, job.client, std::move(e));
+    }
+  }
+
+  void on_pulled(Job& job) {
+    job.pulled = true;
+    if (job.kind == Job::Kind::kPullOnly) {
+      transport::ClientReport r = base_report(job);
+      char why[160];
+      if (job.fate == Fate::kStraggler) {
+        std::snprintf(why, sizeof why, "could not push before the deadline (simulated finish %.1f s > %.1f s)",
+                      job.time.total(), deadline_s_);
+      } else {
+        std::snprintf(why, sizeof why, "the round closed before this update (simulated finish %.1f s)",
+                      job.time.total());
+      }
+      r.message = why;
+      send_report(job, r);
+      complete(job);
+      return;
+    }
+    submit(job);
+  }
+
+  void submit(Job& job) {
+    Job* j = &job;
+    pool_.submit([this, j] {
+      Result res{j, nullptr};
+      try {
+        Slot* slot = acquire_slot();
+        struct Release {
+          Fleet* f;
+          Slot* s;
+          ~Release() { f->release_slot(s); }
+        } release{this, slot};
+        auto params = slot->net->parameters();
+        std::copy(j->params.begin(), j->params.end(), params.begin());
+        const auto t0 = Clock::now();
+        if (j->kind == Job::Kind::kEvaluate) {
+          j->eval = slot->trainer->evaluate(test_);
+        } else {
+          const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL +
+                            j->rs.model_version * 7919ULL + j->client;
+          j->result = slot->trainer->train(train_, partition_[j->client], seed);
+          const auto trained = slot->net->parameters();
+          for (std::size_t i = 0; i < j->params.size(); ++i) j->params[i] = trained[i] - j->params[i];
+        }
+        j->wall_train_s = seconds_since(t0);
+      } catch (...) {
+        res.error = std::current_exception();
+      }
+      std::lock_guard lock(results_mu_);
+      results_.push_back(res);
+    });
+  }
+
+  Slot* acquire_slot() {
+    std::unique_lock lock(slots_mu_);
+    slots_cv_.wait(lock, [&] { return !free_slots_.empty(); });
+    Slot* s = free_slots_.back();
+    free_slots_.pop_back();
+    return s;
+  }
+  void release_slot(Slot* s) {
+    {
+      std::lock_guard lock(slots_mu_);
+      free_slots_.push_back(s);
+    }
+    slots_cv_.notify_one();
+  }
+
+  void collect_results() {
+    std::vector<Result> done;
+    {
+      std::lock_guard lock(results_mu_);
+      done.swap(results_);
+    }
+    for (auto& r : done) {
+      if (r.error) std::rethrow_exception(r.error);
+      Job& job = *r.job;
+      if (job.kind == Job::Kind::kEvaluate) {
+        on_evaluated(job);
+      } else {
+        job.trained = true;
+      }
+    }
+  }
+
+  void push(Job& job) {
+    const auto bytes = std::as_bytes(job.params.span());
+    job.acks_pending = shards_.size();
+    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+      const auto& s = shards_[i];
+      Envelope e;
+      e.round = job.rs.round;
+      e.body = transport::Push{s.index, s.begin, s.end, partition_[job.client].size(),
+                               job.rs.model_version, transport::Encoding::kDenseF32,
+                               transport::PushKind::kDelta, static_cast<float>(job.result.mean_loss), 0,
+                               s.end - s.begin};
+      const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
+      job.bytes_up += slice.size();
+      send(i, job.client, std::move(e), transport::Payload{slice, nullptr});  // copied: no owner
+    }
+    job.pushed = true;
+    give_buffer(job.params);
+  }
+
+  transport::ClientReport base_report(const Job& job) const {
+    transport::ClientReport r;
+    r.round = job.rs.round;
+    r.model_version = job.rs.model_version;
+    r.bytes_sent = job.bytes_up;
+    r.bytes_received = job.bytes_down;
+    r.comm_seconds = static_cast<float>(job.time.download_s + job.time.upload_s);
+    return r;
+  }
+
+  void send_report(const Job& job, const transport::ClientReport& r) {
+    Envelope e;
+    e.round = r.round;
+    e.body = r;
+    send(0, job.client, std::move(e));
+  }
+
+  void finish_training_job(Job& job) {
+    transport::ClientReport r = base_report(job);
+    r.trained = job.refusals.empty();
+    if (!job.refusals.empty()) r.message = "a shard refused the update: " + job.refusals.front();
+    r.num_samples = partition_[job.client].size();
+    r.train_loss = static_cast<float>(job.result.mean_loss);
+    r.train_seconds = static_cast<float>(job.time.compute_s);
+    send_report(job, r);
+    auto& rec = active_->record;
+    rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
+    rec.samples += r.num_samples;
+    rec.wall_train_s += job.wall_train_s;
+    summary_.train_wall_seconds += job.wall_train_s;
+    if (!job.refusals.empty()) {
+      COHORT_LOG(Warn) << name_of(job.client) << ": " << r.message;
+    }
+    complete(job);
+  }
+
+  void complete(Job& job) {
+    job.done = true;
+    --in_flight_;
+    give_buffer(job.params);
+    if (active_ && job.kind != Job::Kind::kEvaluate) active_->record.bytes += job.bytes_down + job.bytes_up;
+  }
+
+  void close_active() {
+    Active& a = *active_;
+    a.record.wall_round_s = seconds_since(a.wall_start);
+    summary_.round_wall_seconds = seconds_since(first_round_wall_);
+    summary_.sim_seconds = sim_now_;
+    if (a.record.committed) ++summary_.committed;
+    summary_.bytes += a.record.bytes;
+    records_[a.round] = a.record;
+    active_.reset();
+    // A round's line waits for its evaluation, if one was asked for.
+    flush_records(false);
+  }
+
+  void on_evaluated(Job& job) {
+    transport::ClientReport r = base_report(job);
+    r.comm_seconds = 0;
+    r.evaluated = true;
+    r.eval_loss = static_cast<float>(job.eval.loss);
+    r.eval_accuracy = static_cast<float>(job.eval.accuracy);
+    r.eval_count = job.eval.count;
+    send_report(job, r);
+    --in_flight_;
+    give_buffer(job.params);
+    evaluated_[job.rs.round] = job.eval;
+    summary_.final_accuracy = job.eval.accuracy;
+    summary_.final_loss = job.eval.loss;
+    evals_.erase(std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
+                 evals_.end());
+    flush_records(false);
+  }
+
+  // Writes the records of closed rounds, in order: a round's record once its evaluation is in,
+  // or once a later round started (no evaluation was asked for), or at the end.
+  void flush_records(bool all) {
+    while (!records_.empty()) {
+      auto it = records_.begin();
+      RoundRecord& rec = it->second;
+      const auto ev = evaluated_.find(it->first);
+      const bool eval_pending = std::any_of(evals_.begin(), evals_.end(),
+                                            [&](const auto& j) { return j->rs.round == it->first; });
+      const bool later_started = active_ || !collecting_.empty();
+      if (ev == evaluated_.end() && !all && (eval_pending || !later_started)) return;
+      if (ev != evaluated_.end()) {
+        rec.evaluated = true;
+        rec.test_loss = ev->second.loss;
+        rec.test_accuracy = ev->second.accuracy;
+        evaluated_.erase(ev);
+      }
+      write_record(rec);
+      records_.erase(it);
+    }
+  }
+
+  void write_record(const RoundRecord& r) {
+    total_bytes_ += r.bytes;
+    const double loss = r.samples ? r.loss_sum / static_cast<double>(r.samples) : 0.0;
+    const double wall = seconds_since(started_);
+    std::vector<MetricField> f{{"round", r.seq},
+                               {"round_id", r.round_id},
+                               {"committed", r.committed},
+                               {"selected", std::uint64_t{r.selected}},
+                               {"completed", std::uint64_t{r.completed}},
+                               {"cut", std::uint64_t{r.cut}},
+                               {"stragglers", std::uint64_t{r.stragglers}},
+                               {"silent", std::uint64_t{r.silent}},
+                               {"train_loss", loss},
+                               {"bytes", r.bytes},
+                               {"total_bytes", total_bytes_},
+                               {"sim_round_seconds", r.sim_round_s},
+                               {"sim_seconds", r.sim_total_s}};
+    if (r.evaluated) {
+      f.push_back({"test_loss", r.test_loss});
+      f.push_back({"test_accuracy", r.test_accuracy});
+    }
+    f.push_back({"wall_round_seconds", r.wall_round_s});
+    f.push_back({"wall_train_seconds", r.wall_train_s});
+    f.push_back({"wall_seconds", wall});
+    metrics_.write("sim_round", f);
+    if (csv_) {
+      char line[512];
+      std::snprintf(line, sizeof line, "%llu,%llu,%d,%zu,%zu,%zu,%zu,%zu,%.9g,%s,%s,%llu,%llu,%.9g,%.9g,%.6f,%.6f,%.6f\n",
+                    static_cast<unsigned long long>(r.seq), static_cast<unsigned long long>(r.round_id),
+                    r.committed ? 1 : 0, r.selected, r.completed, r.cut, r.stragglers, r.silent, loss,
+                    r.evaluated ? std::to_string(r.test_loss).c_str() : "",
+                    r.evaluated ? std::to_string(r.test_accuracy).c_str() : "",
+                    static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(total_bytes_),
+                    r.sim_round_s, r.sim_total_s, r.wall_round_s, r.wall_train_s, wall);
+      csv_ << line;
+      csv_.flush();
+    }
+    last_line_ = r;
+    have_last_ = true;
+    progress_line(true);
+  }
+
+  void progress_line(bool round_done) {
+    if (!progress_) return;
+    if (!round_done) {
+      if (!tty_ || seconds_since(last_progress_) < 0.25) return;
+    }
+    last_progress_ = Clock::now();
+    const double wall = seconds_since(started_);
+    std::string line;
+    char buf[512];
+    if (!welcomed_any_ || !all_registered()) {
+      std::snprintf(buf, sizeof buf, "registering %zu/%zu clients | %.0fs", welcomes_, n_, wall);
+      line = buf;
+    } else {
+      const std::uint64_t done = summary_.committed;
+      const double eta = done > 0 ? seconds_since(first_round_wall_) / static_cast<double>(done) *
+                                        static_cast<double>(rounds_ - std::min(done, rounds_))
+                                  : 0.0;
+      std::size_t reported = 0, selected = 0;
+      std::uint64_t round = summary_.rounds;
+      if (active_ && !round_done) {
+        for (const auto& j : active_->jobs) reported += j->done ? 1 : 0;
+        selected = active_->record.selected;
+      } else if (have_last_) {
+        reported = last_line_.completed;
+        selected = last_line_.selected;
+        round = last_line_.seq;
+      }
+      std::string acc = "-", loss = "-";
+      if (have_last_ && last_line_.evaluated) {
+        std::snprintf(buf, sizeof buf, "%.2f%%", last_line_.test_accuracy * 100);
+        acc = buf;
+        std::snprintf(buf, sizeof buf, "%.4f", last_line_.test_loss);
+        loss = buf;
+      }
+      std::snprintf(buf, sizeof buf,
+                    "round %llu/%llu | clients %zu/%zu | test loss %s | accuracy %s | %s | "
+                    "simulated %s | wall %.0fs | ETA %.0fs",
+                    static_cast<unsigned long long>(round), static_cast<unsigned long long>(rounds_),
+                    reported, selected, loss.c_str(), acc.c_str(), human_bytes(static_cast<double>(total_bytes_)).c_str(),
+                    human_duration(sim_now_).c_str(), wall, eta);
+      line = buf;
+    }
+    if (tty_) {
+      std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      if (round_done) std::fputc('\n', stderr);
+    } else {
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+
+  const Config& config_;
+  transport::Context& ctx_;
+  std::vector<std::string> urls_;
+  const std::atomic<bool>& stop_;
+  std::function<bool()> shards_failed_;
+  ThreadPool pool_;
+  MetricsSink metrics_;
+  std::ofstream csv_;
+  std::size_t n_ = 0, k_ = 1, min_updates_ = 1, window_ = 4, expected_selected_ = 1, width_ = 5;
+  std::uint64_t seed_ = 1, rounds_ = 0;
+  double deadline_s_ = 60;
+  bool progress_ = true, tty_ = false;
+  Clock::time_point started_, first_round_wall_, last_progress_;
+
+  Dataset train_, test_;
+  Partition partition_;
+  std::string partition_text_;
+  ProfileSpec profile_spec_;
+  std::vector<DeviceProfile> trace_;
+
+  std::vector<std::unique_ptr<Endpoint>> eps_;
+  std::vector<Endpoint*> ep_ptrs_;
+  std::vector<transport::ShardInfo> shards_;
+  kernels::NetworkSpec spec_;  // outlives the slots' networks
+  std::uint64_t model_size_ = 0;
+  TrainerOptions options_;
+  std::unique_ptr<kernels::Device> device_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Slot*> free_slots_;
+  std::mutex slots_mu_;
+  std::condition_variable slots_cv_;
+  std::mutex results_mu_;
+  std::vector<Result> results_;
+
+  std::vector<bool> registered_;
+  std::vector<std::uint32_t> retry_;
+  std::size_t welcomes_ = 0, next_register_ = 0;
+  bool welcomed_any_ = false, finished_ = false;
+  Clock::time_point next_knock_;
+
+  std::deque<Collecting> collecting_;
+  std::optional<Active> active_;
+  std::vector<std::unique_ptr<Job>> evals_;
+  std::size_t in_flight_ = 0;
+  std::uint64_t starts_ = 0;
+  std::vector<FloatBuffer> spare_;
+  double sim_now_ = 0;
+  std::map<std::uint64_t, RoundRecord> records_;
+  std::map<std::uint64_t, EvalResult> evaluated_;
+  std::uint64_t total_bytes_ = 0;
+  RoundRecord last_line_;
+  bool have_last_ = false;
+  Summary summary_;
+};
+
+std::string sim_url(std::uint64_t run, std::uint32_t shard) {
+  return "inproc://cohort-sim-" + std::to_string(run) + "-shard-" + std::to_string(shard);
+}
+
+}  // namespace
+
+ConfigSchema sim_config_schema() {
+  ConfigSchema s;
+  const ConfigSchema server_schema = server::config_schema();
+  for (const auto& o : server_schema.options()) {
+    if (o.secret) s.add_secret(o.key, o.default_value, o.help);
+    else s.add(o.key, o.default_value, o.help);
+  }
+  s.add_section("train", "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
+      .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
+      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options")
+      .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
+      .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
+      .add("data.seed", std::int64_t{1}, "seed of the partition and of local shuffles")
+      .add("sim.clients", std::int64_t{100}, "N: virtual clients, all registered before round 1")
+      .add("sim.threads", std::int64_t{0}, "local-training threads (0: one per core)")
+      .add("sim.seed", std::int64_t{1}, "seed of device profiles, availability and dropouts")
+      .add("sim.wall_deadline_ms", std::int64_t{120000},
+           "real-time deadline of the in-process coordinator: a round with a silent (offline or "
+           "dropped-out) client and fewer than K updates waits this long; must exceed a round's host time")
+      .add("sim.metrics_file", std::string("sim_metrics.jsonl"), "per-round JSON lines (simulated and wall_* times)")
+      .add("sim.csv_file", std::string("sim_metrics.csv"), "the same as CSV (--plot reads it); empty: none")
+      .add("sim.progress", true, "live progress line on stderr")
+      .add("sim.profile_trace", std::string(""),
+           "CSV of devices (gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
+           "client i gets row i mod rows; overrides profile.*")
+      .add("profile.gflops", std::string("10"), "training speed, GFLOP/s: X | uniform:A:B | lognormal:MEDIAN:SIGMA")
+      .add("profile.uplink_mbps", std::string("10"), "uplink, Mbit/s (same forms)")
+      .add("profile.downlink_mbps", std::string("50"), "downlink, Mbit/s (same forms)")
+      .add("profile.latency_ms", std::string("50"), "one-way latency, ms (same forms)")
+      .add("profile.availability", std::string("always"), "always | diurnal:MIN:MAX (online probability over a simulated day)")
+      .add("profile.dropout", 0.0, "probability that a selected client drops out of the round (silent)");
+  return s;
+}
+
+Summary run_in_process(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+  if (config.get_string("server.mode") != "federated") {
+    throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
+  }
+  if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
+  const auto shards = static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
+  static std::atomic<std::uint64_t> runs{0};
+  const std::uint64_t run = ++runs;
+  std::vector<std::string> urls;
+  for (std::uint32_t i = 0; i < shards; ++i) urls.push_back(sim_url(run, i));
+  std::vector<Config> shard_configs;
+  for (std::uint32_t i = 0; i < shards; ++i) shard_configs.push_back(shard_config(config, i, urls));
+
+  transport::Context ctx;
+  std::atomic<bool> stop_shards{false};
+  std::vector<std::atomic<bool>> finished(shards);
+  std::vector<std::exception_ptr> errors(shards);
+  std::mutex errors_mu;
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < shards; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        server::run(shard_configs[i], registries, stop_shards, ctx);
+      } catch (...) {
+        std::lock_guard lock(errors_mu);
+        errors[i] = std::current_exception();
+        failed = true;
+      }
+      finished[i] = true;
+    });
+  }
+  auto all_finished = [&] {
+    return std::all_of(finished.begin(), finished.end(), [](const auto& f) { return f.load(); });
+  };
+  Summary summary;
+  std::exception_ptr fleet_error;
+  {
+    std::optional<Fleet> fleet;
+    try {
+      fleet.emplace(config, ctx, urls, stop, [&] { return failed.load(); });
+      summary = fleet->run();
+      if (!stop.load()) fleet->drain_until(all_finished);
+    } catch (...) {
+      fleet_error = std::current_exception();
+    }
+    stop_shards = true;
+    for (auto& t : threads) t.join();
+  }  // the fleet's sockets close before the context
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  if (fleet_error) std::rethrow_exception(fleet_error);
+  return summary;
+}
+
+// ---- --processes ----------------------------------------------------------------------------
+
+namespace {
+
+std::string toml_value(const Value& v) {
+  if (std::holds_alternative<std::string>(v)) {
+    std::string out = "\"";
+    for (char c : std::get<std::string>(v)) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  }
+  return to_string(v);
+}
+
+pid_t spawn(const std::vector<std::string>& argv, const std::filesystem::path& log) {
+  const pid_t pid = fork();
+  if (pid < 0) throw InternalError(std::string("fork failed: ") + std::strerror(errno));
+  if (pid == 0) {
+    FILE* out = std::fopen(log.c_str(), "w");
+    if (out) {
+      dup2(fileno(out), 1);
+      dup2(fileno(out), 2);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    std::fprintf(stderr, "cannot run %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string read_port(const std::filesystem::path& file, pid_t pid, const std::atomic<bool>& stop) {
+  for (int i = 0; i < 600 && !stop.load(); ++i) {
+    std::ifstream in(file);
+    std::string port;
+    if (in >> port && !port.empty()) return port;
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) throw InternalError("a shard exited before binding (see its log)");
+    std::this_thread::sleep_for(50ms);
+  }
+  throw TimeoutError("a shard did not write its port file within 30 s");
+}
+
+}  // namespace
+
+int run_processes(const Config& config, const std::filesystem::path& bin_dir, const std::atomic<bool>& stop) {
+  const auto n = config.get_int("sim.clients");
+  constexpr std::int64_t kMaxProcesses = 200;
+  if (n < 1 || n > kMaxProcesses) {
+    throw ConfigError("--processes starts one process per client: sim.clients must be 1.." +
+                      std::to_string(kMaxProcesses) + ", got " + std::to_string(n));
+  }
+  const auto server_bin = bin_dir / "cohort-server", client_bin = bin_dir / "cohort-client";
+  for (const auto& b : {server_bin, client_bin}) {
+    if (access(b.c_str(), X_OK) != 0) throw ConfigError("--processes needs " + b.string() + " (build it next to cohort-sim)");
+  }
+  const auto dir = std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  // The server's keys of the simulation file, as a cohort-server configuration.
+  const ConfigSchema schema = server::config_schema();
+  {
+    std::ofstream out(dir / "server.toml");
+    for (const auto& o : schema.options()) {
+      if (o.secret || o.key == "server.shard" || o.key == "server.shards" || o.key == "server.listen" ||
+          o.key == "server.coordinator" || o.key == "server.port_file") {
+        continue;
+      }
+      Value v;
+      switch (o.type) {
+        case ValueType::kBool: v = config.get_bool(o.key); break;
+        case ValueType::kInt: v = config.get_int(o.key); break;
+        case ValueType::kDouble: v = config.get_double(o.key); break;
+        case ValueType::kString: v = config.get_string(o.key); break;
+      }
+      if (o.key == "server.min_clients") v = n;
+      out << o.key << " = " << toml_value(v) << '\n';
+    }
+    for (const char* section : {"train", "aggregator", "server_optimizer"}) {
+      const auto s = config.section(section);
+      for (const auto& name : s.names()) {
+        const std::string text = s.get_string(name, "");
+        double d = 0;
+        char* end = nullptr;
+        d = std::strtod(text.c_str(), &end);
+        (void)d;
+        const bool bare = (!text.empty() && end && *end == '\0') || text == "true" || text == "false";
+        out << section << '.' << name << " = " << (bare ? text : toml_value(text)) << '\n';
+      }
+    }
+  }
+  const auto shards = std::max<std::int64_t>(1, config.get_int("server.shards"));
+  std::vector<pid_t> servers, clients;
+  auto kill_all = [&](std::vector<pid_t>& pids) {
+    for (pid_t p : pids) kill(p, SIGTERM);
+    for (pid_t p : pids) waitpid(p, nullptr, 0);
+    pids.clear();
+  };
+  int code = 1;
+  try {
+    const std::string cfg = (dir / "server.toml").string();
+    servers.push_back(spawn({server_bin, "--config", cfg, "--insecure", "--shard", "0", "--shards",
+                             std::to_string(shards), "--listen", "tcp://127.0.0.1:*", "--port-file",
+                             (dir / "port-0").string()},
+                            dir / "shard-0.log"));
+    const std::string coordinator = "tcp://127.0.0.1:" + read_port(dir / "port-0", servers[0], stop);
+    for (std::int64_t i = 1; i < shards; ++i) {
+      servers.push_back(spawn({server_bin, "--config", cfg, "--insecure", "--shard", std::to_string(i),
+                               "--shards", std::to_string(shards), "--listen", "tcp://127.0.0.1:*",
+                               "--coordinator", coordinator, "--port-file", (dir / ("port-" + std::to_string(i))).string()},
+                              dir / ("shard-" + std::to_string(i) + ".log")));
+    }
+    const int width = static_cast<int>(std::max<std::size_t>(5, std::to_string(n - 1).size()));
+    for (std::int64_t i = 0; i < n; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "c%0*lld", width, static_cast<long long>(i));
+      clients.push_back(spawn({client_bin, "--insecure", "--server", coordinator, "--name", name, "--data",
+                               config.get_string("data.partition"),
+                               "--part", std::to_string(i) + "/" + std::to_string(n),
+                               "--set", "data.dir=" + config.get_string("data.dir"),
+                               "--set", "data.seed=" + std::to_string(config.get_int("data.seed"))},
+                              dir / (std::string(name) + ".log")));
+    }
+    std::fprintf(stderr, "cohort-sim --processes: %lld shards and %lld clients on loopback; logs in %s\n",
+                 static_cast<long long>(shards), static_cast<long long>(n), dir.c_str());
+    int status = 0;
+    for (;;) {
+      const pid_t p = waitpid(servers[0], &status, WNOHANG);
+      if (p == servers[0]) break;
+      if (stop.load()) {
+        kill(servers[0], SIGTERM);
+        waitpid(servers[0], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    servers.erase(servers.begin());
+    code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  } catch (...) {
+    kill_all(clients);
+    kill_all(servers);
+    throw;
+  }
+  kill_all(clients);
+  kill_all(servers);
+  return code;
+}
+
+void plot(const std::filesystem::path& csv, const std::filesystem::path& png) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    throw ConfigError("--plot needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)");
+  }
+  if (!std::filesystem::exists(csv)) throw DataError("--plot: no metrics CSV at " + csv.string() + " (sim.csv_file)");
+  const auto script = std::filesystem::path(png.string() + ".gp");
+  {
+    std::ofstream out(script);
+    out << "set terminal pngcairo size 1200,800 noenhanced\n"
+        << "set output '" << png.string() << "'\n"
+        << "set datafile separator ','\n"
+        << "set key autotitle columnhead\n"
+        << "set grid\n"
+        << "set multiplot layout 2,2 title 'cohort-sim: " << csv.filename().string() << "'\n"
+        << "set xlabel 'round'\nset ylabel 'test accuracy'\n"
+        << "plot '" << csv.string() << "' using 1:11 with linespoints title 'accuracy'\n"
+        << "set ylabel 'loss'\n"
+        << "plot '" << csv.string() << "' using 1:9 with lines title 'train loss', '' using 1:10 with linespoints title 'test loss'\n"
+        << "set xlabel 'simulated time (h)'\nset ylabel 'test accuracy'\n"
+        << "plot '" << csv.string() << "' using ($15/3600):11 with linespoints title 'accuracy'\n"
+        << "set ylabel 'loss'\n"
+        << "plot '" << csv.string() << "' using ($15/3600):9 with lines title 'train loss', '' using ($15/3600):10 with linespoints title 'test loss'\n"
+        << "unset multiplot\n";
+  }
+  const std::string cmd = "gnuplot '" + script.string() + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0) throw DataError("gnuplot failed on " + script.string());
+  std::filesystem::remove(script);
+}
+
+}  // namespace cohort::client::sim

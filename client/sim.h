@@ -1,0 +1,47 @@
+// cohort-sim: a whole federation in one process (see sim.cc for the design), or, with
+// --processes, the same configuration as real cohort-server / cohort-client processes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "cohort/aggregation/registries.h"
+#include "cohort/core/config.h"
+
+namespace cohort::client::sim {
+
+// Every key of a simulation file: cohort-server's keys (server.*, model.*, [train], [aggregator],
+// [server_optimizer], ...), the clients' data.*, the fleet's sim.* and the device profile.*.
+ConfigSchema sim_config_schema();
+
+struct Summary {
+  std::uint64_t rounds = 0;          // rounds run (committed or not)
+  std::uint64_t committed = 0;       // rounds with at least server.min_updates updates
+  double sim_seconds = 0.0;          // simulated wall-clock time of the fleet
+  double final_accuracy = -1.0;      // last evaluation (-1: none)
+  double final_loss = 0.0;
+  std::uint64_t bytes = 0;           // payload bytes moved by training rounds
+  double wall_seconds = 0.0;         // host time
+  double train_wall_seconds = 0.0;   // host time spent in local training (summed over threads)
+  double round_wall_seconds = 0.0;   // host time from the first round's start to the last's end
+  std::size_t threads = 0;           // local-training threads
+};
+
+// Runs the federation in-process until server.rounds rounds are committed or `stop` is set.
+// Throws ConfigError / DataError for bad settings or data, InternalError if a shard fails.
+Summary run_in_process(const Config& config, const Registries& registries,
+                       const std::atomic<bool>& stop);
+
+// Runs shards and sim.clients clients as processes on loopback (plaintext): the binaries
+// cohort-server and cohort-client are looked up in `bin_dir`. Device profiles do not apply (real
+// processes run in real time). Returns the coordinator's exit code.
+int run_processes(const Config& config, const std::filesystem::path& bin_dir,
+                  const std::atomic<bool>& stop);
+
+// Draws accuracy and loss against rounds and simulated time from a sim CSV into a PNG with
+// gnuplot. Throws ConfigError if gnuplot is not installed, DataError if it fails.
+void plot(const std::filesystem::path& csv, const std::filesystem::path& png);
+
+}  // namespace cohort::client::sim

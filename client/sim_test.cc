@@ -1,0 +1,175 @@
+// Whole simulations in this process: the real server shards on threads, the fleet, the clock.
+#include "sim.h"
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cohort/aggregation/registries.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/model_zoo.h"
+#include "sim_clock.h"
+#include "test_util.h"
+
+namespace cohort::client::sim {
+namespace {
+
+using nlohmann::json;
+
+Config make_config(const testing::TempDir& dir, std::vector<std::string> overrides) {
+  std::vector<std::string> base{
+      "sim.progress=false",
+      "sim.metrics_file=" + (dir.path() / "sim.jsonl").string(),
+      "sim.csv_file=" + (dir.path() / "sim.csv").string(),
+      "server.metrics_file=" + (dir.path() / "server.jsonl").string(),
+      "server.eval_every=1",
+      "model.spec=mlp:784-16-10",
+      "train.epochs=1",
+      "train.batch_size=32",
+      "train.lr=0.05",
+      "sim.threads=2",
+  };
+  base.insert(base.end(), overrides.begin(), overrides.end());
+  return Config::load(sim_config_schema(), std::nullopt, base);
+}
+
+// The records of one event type in a JSON-lines file.
+std::vector<json> records(const std::filesystem::path& path, const std::string& event) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  std::vector<json> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line);
+    if (j.value("event", "") == event) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// A metrics file without the host's timings: every wall_* field, and the server's round_seconds.
+std::string without_wall_clock(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  REQUIRE(in);
+  std::string out, line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line);
+    for (auto it = j.begin(); it != j.end();) {
+      const std::string& k = it.key();
+      it = k.rfind("wall_", 0) == 0 || k == "round_seconds" ? j.erase(it) : std::next(it);
+    }
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
+Summary run(const Config& config) {
+  set_log_level(LogLevel::Warn);  // a line per registered client otherwise
+  const auto registries = builtin_registries();
+  std::atomic<bool> stop{false};
+  return run_in_process(config, registries, stop);
+}
+
+TEST_CASE("1,000 virtual clients with a small model complete their rounds") {
+  testing::TempDir dir;
+  const Config config = make_config(dir, {"sim.clients=1000", "server.clients_per_round=20",
+                                          "server.rounds=3", "train.batch_size=8", "train.lr=0.1"});
+  const Summary s = run(config);
+  CHECK(s.committed == 3);
+  CHECK(s.rounds == 3);
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 3);
+  for (const auto& r : rounds) {
+    CHECK(r["selected"] == 20);
+    CHECK(r["completed"] == 20);
+    CHECK(r["committed"] == true);
+  }
+  // It learns: the test loss falls and the accuracy ends well above chance (0.1).
+  CHECK(rounds.back()["test_loss"].get<double>() < rounds.front()["test_loss"].get<double>());
+  CHECK(rounds.back()["test_accuracy"].get<double>() > 0.3);
+  // The real coordinator saw the same rounds.
+  const auto server_rounds = records(dir.path() / "server.jsonl", "round");
+  REQUIRE(server_rounds.size() == 3);
+  CHECK(server_rounds.back()["clients"] == 20);
+  CHECK(server_rounds.back()["test_accuracy"].get<double>() ==
+        doctest::Approx(rounds.back()["test_accuracy"].get<double>()).epsilon(1e-6));
+}
+
+TEST_CASE("with a fixed profile the simulated round time is the closed form") {
+  testing::TempDir dir;
+  const Config config = make_config(
+      dir, {"sim.clients=20", "server.clients_per_round=5", "server.rounds=2", "server.shards=2",
+            "profile.gflops=2", "profile.uplink_mbps=4", "profile.downlink_mbps=8",
+            "profile.latency_ms=25", "server.round_deadline_ms=600000"});
+  const Summary s = run(config);
+  REQUIRE(s.committed == 2);
+  const double p = static_cast<double>(kernels::make_network_spec("mlp:784-16-10").parameter_count());
+  const double samples = 60000.0 / 20;  // IID parts of Fashion-MNIST, one epoch
+  const double bytes = 4 * p;             // one pull and one push of every shard's range
+  const double expected = (0.025 + bytes * 8 / 8e6) + 6 * p * samples / 2e9 + (0.025 + bytes * 8 / 4e6);
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 2);
+  for (const auto& r : rounds) {
+    CHECK(r["sim_round_seconds"].get<double>() == doctest::Approx(expected).epsilon(1e-12));
+    CHECK(r["bytes"].get<double>() == 5 * 2 * bytes);  // real payload bytes, five clients
+  }
+  CHECK(s.sim_seconds == doctest::Approx(2 * expected).epsilon(1e-12));
+}
+
+TEST_CASE("the same config and seed give the same metrics, wall-clock fields aside") {
+  // Non-IID data, two shards, heterogeneous devices and over-selection (some updates are cut),
+  // so the aggregation order and the cut both have to be reproducible.
+  const std::vector<std::string> overrides{
+      "sim.clients=60", "server.clients_per_round=8", "server.overselect=1.5", "server.rounds=3",
+      "server.shards=2", "data.partition=dirichlet:0.3", "profile.gflops=lognormal:2:0.8",
+      "profile.uplink_mbps=lognormal:5:1", "profile.latency_ms=uniform:10:200", "sim.seed=11"};
+  testing::TempDir a, b;
+  const Summary sa = run(make_config(a, overrides));
+  const Summary sb = run(make_config(b, overrides));
+  CHECK(sa.committed == 3);
+  CHECK(sa.sim_seconds == sb.sim_seconds);
+  CHECK(sa.final_accuracy == sb.final_accuracy);
+  const std::string ma = without_wall_clock(a.path() / "sim.jsonl");
+  CHECK(ma == without_wall_clock(b.path() / "sim.jsonl"));
+  CHECK(without_wall_clock(a.path() / "server.jsonl") == without_wall_clock(b.path() / "server.jsonl"));
+  const auto rounds = records(a.path() / "sim.jsonl", "sim_round");
+  std::uint64_t cut = 0;
+  for (const auto& r : rounds) cut += r["cut"].get<std::uint64_t>();
+  CHECK(cut > 0);  // over-selection made some clients miss the cut
+}
+
+TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
+  // A dropped-out client never answers; the real coordinator closes the round at its deadline
+  // (sim.wall_deadline_ms) with the updates that did arrive, and commits them.
+  testing::TempDir dir;
+  const Config config = make_config(
+      dir, {"sim.clients=30", "server.clients_per_round=10", "server.rounds=2", "profile.dropout=0.3",
+            "sim.wall_deadline_ms=3000", "server.round_deadline_ms=90000", "sim.seed=5"});
+  const Summary s = run(config);
+  CHECK(s.committed == 2);
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  const auto server_rounds = records(dir.path() / "server.jsonl", "round");
+  REQUIRE(rounds.size() == 2);
+  REQUIRE(server_rounds.size() == 2);
+  std::uint64_t silent = 0;
+  for (std::size_t i = 0; i < rounds.size(); ++i) {
+    const auto& r = rounds[i];
+    silent += r["silent"].get<std::uint64_t>();
+    CHECK(r["completed"].get<std::uint64_t>() + r["silent"].get<std::uint64_t>() +
+              r["stragglers"].get<std::uint64_t>() == r["selected"].get<std::uint64_t>());
+    CHECK(r["completed"].get<std::uint64_t>() >= 1);
+    // The coordinator aggregated exactly the clients that stayed.
+    CHECK(server_rounds[i]["clients"] == r["completed"]);
+    CHECK(server_rounds[i]["selected"] == r["selected"]);
+    if (r["silent"].get<std::uint64_t>() > 0) {
+      CHECK(r["sim_round_seconds"].get<double>() == 90.0);  // closed at the simulated deadline
+    }
+  }
+  CHECK(silent > 0);
+}
+
+}  // namespace
+}  // namespace cohort::client::sim
