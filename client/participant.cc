@@ -366,7 +366,7 @@ class Participant {
     const auto t_trained = Clock::now();
     auto trained = net_->parameters();
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
-    // Client-level DP (ALGORITHMS.md 8.2): flat clipping of the whole delta.
+    // Client-level DP (ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
     if (dp_clip_ > 0) (void)aggregation::clip_l2(delta_.span(), dp_clip_);
     // For robustness experiments only: a Byzantine client pushing -scale x its honest delta.
     if (attack_ == "sign_flip") {

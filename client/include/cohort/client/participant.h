@@ -1,6 +1,12 @@
 // A federated client: registers with the coordinator, and for every round it is selected for
 // pulls the model from all shards, trains locally, pushes its delta to every shard and reports.
 //
+// The delta is clipped for client-level DP (client.dp_clip), optionally turned into an attack for
+// experiments (client.attack), and encoded per shard range by the configured compressor
+// (compressor.name and its options, from cohort::builtin_registries(); aggregation/push_codec.h
+// for the wire form), with one encoder per shard range kept across rounds so that error feedback
+// carries over. compressor.name = "none" pushes plain fp32.
+//
 // Reconnects on its own: the transport re-handshakes with a restarted peer, and requests that
 // time out (a shard restarting) are retried with exponential backoff until the round's deadline.
 // Not thread-safe: run() drives everything from the calling thread.
