@@ -16,6 +16,7 @@ packages=(
   iproute2 nftables
   clang libclang-rt-14-dev
   python3-yaml
+  gnuplot-nox
 )
 
 missing=()
