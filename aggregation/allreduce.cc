@@ -11,9 +11,12 @@ namespace cohort::aggregation {
 
 std::string_view allreduce_algo_name(AllreduceAlgo algo) {
   switch (algo) {
-    case AllreduceAlgo::kAuto: return "auto";
-    case AllreduceAlgo::kRing: return "ring";
-    case AllreduceAlgo::kRecursiveDoubling: return "recursive_doubling";
+    case AllreduceAlgo::kAuto:
+      return "auto";
+    case AllreduceAlgo::kRing:
+      return "ring";
+    case AllreduceAlgo::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   return "?";
 }
@@ -26,8 +29,7 @@ AllreduceAlgo parse_allreduce_algo(std::string_view name) {
                     "' (known: auto, ring, recursive_doubling)");
 }
 
-AllReducer::AllReducer(Comm& comm, AllreduceOptions options)
-    : comm_(comm), options_(options) {
+AllReducer::AllReducer(Comm& comm, AllreduceOptions options) : comm_(comm), options_(options) {
   if (options_.segment_bytes < sizeof(float)) {
     throw ConfigError("allreduce segment size must be at least 4 bytes");
   }

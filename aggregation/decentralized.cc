@@ -13,7 +13,8 @@ namespace cohort::aggregation {
 namespace {
 
 void check_sizes(std::span<float> x, std::span<const float> g) {
-  COHORT_CHECK(x.size() == g.size()) << "gradient of " << g.size() << " for a model of " << x.size();
+  COHORT_CHECK(x.size() == g.size())
+      << "gradient of " << g.size() << " for a model of " << x.size();
 }
 
 // g + lambda x into out.
@@ -54,15 +55,15 @@ class Dsgdm final : public DecentralizedOptimizer {
   void step(std::uint64_t t, std::span<float> x, std::span<const float> grad, float lr,
             Gossip& gossip) override {
     check_sizes(x, grad);
-    regularized(grad, x, wd_, g_);                // (6.1)
+    regularized(grad, x, wd_, g_);  // (6.1)
     m_.resize(x.size(), 0.0f);
     half_.resize(x.size());
     for (std::size_t k = 0; k < x.size(); ++k) {
-      m_[k] = beta_ * m_[k] + g_[k];              // (6.2)
+      m_[k] = beta_ * m_[k] + g_[k];                              // (6.2)
       const float u = nesterov_ ? g_[k] + beta_ * m_[k] : m_[k];  // (6.3)
-      half_[k] = x[k] - lr * u;                   // (6.4)
+      half_[k] = x[k] - lr * u;                                   // (6.4)
     }
-    gossip.mix(t, half_, x);                      // (6.5)
+    gossip.mix(t, half_, x);  // (6.5)
   }
 
  private:
@@ -80,21 +81,21 @@ class QgDsgdm final : public DecentralizedOptimizer {
             Gossip& gossip) override {
     check_sizes(x, grad);
     COHORT_CHECK(lr > 0) << "QG-DSGDm divides by the learning rate";
-    regularized(grad, x, wd_, g_);                    // (6.6)
+    regularized(grad, x, wd_, g_);  // (6.6)
     const std::size_t d = x.size();
     mhat_.resize(d, 0.0f);
     half_.resize(d);
     prev_.assign(x.begin(), x.end());
     for (std::size_t k = 0; k < d; ++k) {
-      const float m = beta_ * mhat_[k] + g_[k];       // (6.7), mhat not overwritten
+      const float m = beta_ * mhat_[k] + g_[k];           // (6.7), mhat not overwritten
       const float u = nesterov_ ? g_[k] + beta_ * m : m;  // (6.8)
-      half_[k] = x[k] - lr * u;                       // (6.9)
+      half_[k] = x[k] - lr * u;                           // (6.9)
     }
-    gossip.mix(t, half_, x);                          // (6.10)
+    gossip.mix(t, half_, x);  // (6.10)
     const float inv = 1.0f / lr;
     for (std::size_t k = 0; k < d; ++k) {
-      const float disp = (prev_[k] - x[k]) * inv;     // (6.11)
-      mhat_[k] = mu_ * mhat_[k] + (1 - mu_) * disp;   // (6.12)
+      const float disp = (prev_[k] - x[k]) * inv;    // (6.11)
+      mhat_[k] = mu_ * mhat_[k] + (1 - mu_) * disp;  // (6.12)
     }
   }
 
@@ -277,36 +278,32 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
                                    o.get_bool("overlap", false));
   });
   for (bool nesterov : {false, true}) {
-    registry.add(nesterov ? "dsgdm_n" : "dsgdm",
-                 [nesterov](const ConfigSection& o, std::shared_ptr<const Compressor>) {
-                   static constexpr std::array<std::string_view, 2> known{"momentum",
-                                                                          "weight_decay"};
-                   o.require_known(known);
-                   return std::make_unique<Dsgdm>(float_option(o, "momentum", 0.9, 0, 1),
-                                                  float_option(o, "weight_decay", 0, 0, 1),
-                                                  nesterov);
-                 });
-    registry.add(nesterov ? "qg_dsgdm_n" : "qg_dsgdm",
-                 [nesterov](const ConfigSection& o, std::shared_ptr<const Compressor>) {
-                   static constexpr std::array<std::string_view, 3> known{"momentum", "mu",
-                                                                          "weight_decay"};
-                   o.require_known(known);
-                   return std::make_unique<QgDsgdm>(float_option(o, "momentum", 0.9, 0, 1),
-                                                    float_option(o, "mu", 0.9, 0, 1),
-                                                    float_option(o, "weight_decay", 0, 0, 1),
-                                                    nesterov);
-                 });
+    registry.add(nesterov ? "dsgdm_n" : "dsgdm", [nesterov](const ConfigSection& o,
+                                                            std::shared_ptr<const Compressor>) {
+      static constexpr std::array<std::string_view, 2> known{"momentum", "weight_decay"};
+      o.require_known(known);
+      return std::make_unique<Dsgdm>(float_option(o, "momentum", 0.9, 0, 1),
+                                     float_option(o, "weight_decay", 0, 0, 1), nesterov);
+    });
+    registry.add(
+        nesterov ? "qg_dsgdm_n" : "qg_dsgdm",
+        [nesterov](const ConfigSection& o, std::shared_ptr<const Compressor>) {
+          static constexpr std::array<std::string_view, 3> known{"momentum", "mu", "weight_decay"};
+          o.require_known(known);
+          return std::make_unique<QgDsgdm>(float_option(o, "momentum", 0.9, 0, 1),
+                                           float_option(o, "mu", 0.9, 0, 1),
+                                           float_option(o, "weight_decay", 0, 0, 1), nesterov);
+        });
   }
   registry.add("choco", [](const ConfigSection& o, std::shared_ptr<const Compressor> q) {
     static constexpr std::array<std::string_view, 5> known{"gamma", "momentum", "nesterov",
                                                            "weight_decay", "seed"};
     o.require_known(known);
     if (!q) throw ConfigError("choco needs a compressor (decentralized.compressor = ...)");
-    return std::make_unique<Choco>(std::move(q), float_option(o, "gamma", 0.5, 0, 1),
-                                   float_option(o, "momentum", 0, 0, 1),
-                                   o.get_bool("nesterov", false),
-                                   float_option(o, "weight_decay", 0, 0, 1),
-                                   static_cast<std::uint64_t>(o.get_int("seed", 1)));
+    return std::make_unique<Choco>(
+        std::move(q), float_option(o, "gamma", 0.5, 0, 1), float_option(o, "momentum", 0, 0, 1),
+        o.get_bool("nesterov", false), float_option(o, "weight_decay", 0, 0, 1),
+        static_cast<std::uint64_t>(o.get_int("seed", 1)));
   });
   registry.add("ring_allreduce", [](const ConfigSection& o, std::shared_ptr<const Compressor>) {
     static constexpr std::array<std::string_view, 3> known{"momentum", "weight_decay", "nesterov"};

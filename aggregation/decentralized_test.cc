@@ -107,10 +107,9 @@ TEST_CASE("registry: built-in names, unknown names and options, choco needs a co
         "choco, dpsgd, dsgdm, dsgdm_n, push_sum, qg_dsgdm, qg_dsgdm_n, ring_allreduce, sgp");
   CHECK_THROWS_AS((void)registry.create("adam", {}), ConfigError);
   CHECK_THROWS_AS((void)registry.create("choco", {}), ConfigError);
-  CHECK_THROWS_AS(
-      (void)registry.create("dsgdm", ConfigSection("d", {{"momentum", 1.5}})), ConfigError);
-  CHECK_THROWS_AS(
-      (void)registry.create("dpsgd", ConfigSection("d", {{"lr", 0.1}})), ConfigError);
+  CHECK_THROWS_AS((void)registry.create("dsgdm", ConfigSection("d", {{"momentum", 1.5}})),
+                  ConfigError);
+  CHECK_THROWS_AS((void)registry.create("dpsgd", ConfigSection("d", {{"lr", 0.1}})), ConfigError);
 }
 
 TEST_CASE("gossip averaging (D-PSGD, zero gradients) shrinks the consensus distance by (1-rho)^t") {
@@ -221,8 +220,9 @@ TEST_CASE("QG-DSGDm with W = I reduces to m <- (mu + (1-mu) beta) m + (1-mu) g")
   }
 }
 
-TEST_CASE("QG-DSGDm sends exactly what DSGDm sends, and keeps the node-average of models on "
-          "the average update") {
+TEST_CASE(
+    "QG-DSGDm sends exactly what DSGDm sends, and keeps the node-average of models on "
+    "the average update") {
   const Rank n = 6;
   auto ring = topology("ring");
   const Models x0 = random_models(n, 10, 5);
@@ -260,9 +260,8 @@ TEST_CASE("CHOCO-Gossip with top-10 of 100 on a ring of 8 (gamma = 0.1) reaches 
   auto ring = topology("ring");
   CompressorRegistry compressors;
   add_builtin_compressors(compressors);
-  std::shared_ptr<const Compressor> topk =
-      compressors.create("topk", ConfigSection("c", {{"k", std::int64_t{10}},
-                                                     {"error_feedback", false}}));
+  std::shared_ptr<const Compressor> topk = compressors.create(
+      "topk", ConfigSection("c", {{"k", std::int64_t{10}}, {"error_feedback", false}}));
   const Models x0 = random_models(n, 100, 21);
   const auto r = run(*ring, n, "choco", ConfigSection("o", {{"gamma", 0.1}}), topk, x0, 1000, 0.1f);
   const double c0 = consensus_distance(x0);
@@ -297,7 +296,8 @@ TEST_CASE("push-sum on the one-peer exponential graph (time-varying, directed) a
   const auto m0 = mean(x0);
   // tau = 3 steps of (I + P^(2^k))/2 multiply to 11^T/n.
   for (Rank i = 0; i < n; ++i) {
-    for (std::size_t k = 0; k < 4; ++k) CHECK(r.history[3][i][k] == doctest::Approx(m0[k]).epsilon(1e-5));
+    for (std::size_t k = 0; k < 4; ++k)
+      CHECK(r.history[3][i][k] == doctest::Approx(m0[k]).epsilon(1e-5));
   }
 }
 
@@ -337,7 +337,8 @@ TEST_CASE("asynchronous gossip: a node runs up to S steps ahead of a held neighb
     }
     // Ranks 1 and 2 finish steps 0..S-1 without a word from rank 0, and no more.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (std::chrono::steady_clock::now() < deadline && (done[1].load() < S || done[2].load() < S)) {
+    while (std::chrono::steady_clock::now() < deadline &&
+           (done[1].load() < S || done[2].load() < S)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     ran_ahead = done[1].load() == S && done[2].load() == S && done[0].load() == 0;

@@ -30,8 +30,9 @@ std::optional<PooledBuffer> Gossip::receive_from(Rank j, std::uint64_t step) {
     COHORT_LOG(Info) << "gossip rank " << comm_.rank() << ": neighbour " << j << " is back";
   } else if (!m && !suspect) {
     suspects_.insert(j);
-    COHORT_LOG(Warn) << "gossip rank " << comm_.rank() << ": neighbour " << j << " sent nothing for "
-                     << options_.timeout.count() << " ms; mixing without it";
+    COHORT_LOG(Warn) << "gossip rank " << comm_.rank() << ": neighbour " << j
+                     << " sent nothing for " << options_.timeout.count()
+                     << " ms; mixing without it";
   }
   return m;
 }

@@ -49,7 +49,8 @@ std::vector<std::vector<Rank>> dedup(const std::vector<std::vector<Rank>>& adjac
   std::vector<std::vector<Rank>> out(n);
   for (Rank i = 0; i < n; ++i) {
     for (Rank j : adjacency[i]) {
-      if (j >= n) throw ConfigError("graph edge to node " + std::to_string(j) + " of " + std::to_string(n));
+      if (j >= n)
+        throw ConfigError("graph edge to node " + std::to_string(j) + " of " + std::to_string(n));
       if (j != i) out[i].push_back(j);
     }
     std::sort(out[i].begin(), out[i].end());
@@ -86,8 +87,9 @@ MixingMatrix metropolis_hastings(const std::vector<std::vector<Rank>>& adjacency
   for (Rank i = 0; i < n; ++i) {
     for (Rank j : adj[i]) {
       if (!std::binary_search(adj[j].begin(), adj[j].end(), i)) {
-        throw ConfigError("Metropolis-Hastings needs an undirected graph: edge " + std::to_string(i) +
-                          "-" + std::to_string(j) + " is listed at one end only");
+        throw ConfigError("Metropolis-Hastings needs an undirected graph: edge " +
+                          std::to_string(i) + "-" + std::to_string(j) +
+                          " is listed at one end only");
       }
     }
   }
@@ -135,7 +137,8 @@ std::vector<double> symmetric_eigenvalues(const MixingMatrix& w) {
         const double apq = at(p, q);
         if (std::abs(apq) < 1e-300) continue;
         const double theta = (at(q, q) - at(p, p)) / (2 * apq);
-        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1));
+        const double t =
+            (theta >= 0 ? 1.0 : -1.0) / (std::abs(theta) + std::sqrt(theta * theta + 1));
         const double c = 1 / std::sqrt(t * t + 1), s = t * c;
         for (Rank k = 0; k < n; ++k) {
           const double akp = at(k, p), akq = at(k, q);

@@ -91,8 +91,9 @@ TEST_CASE("torus, exponential and complete: the spectral facts of ALGORITHMS.md"
   CHECK(1 - spectral_gap(expo->mixing(16, 0)) == doctest::Approx(0.6).epsilon(1e-9));
   CHECK(1 - spectral_gap(expo->mixing(32, 0)) == doctest::Approx(2.0 / 3).epsilon(1e-9));
   CHECK(spectral_gap(make("complete")->mixing(7, 0)) == doctest::Approx(1.0));
-  CHECK_THROWS_AS((void)make("torus", ConfigSection("t", {{"rows", std::int64_t{3}}}))->mixing(16, 0),
-                  ConfigError);
+  CHECK_THROWS_AS(
+      (void)make("torus", ConfigSection("t", {{"rows", std::int64_t{3}}}))->mixing(16, 0),
+      ConfigError);
 }
 
 TEST_CASE("one-peer exponential: the product of tau consecutive matrices is exactly 11^T/n") {
@@ -110,8 +111,8 @@ TEST_CASE("one-peer exponential: the product of tau consecutive matrices is exac
 }
 
 TEST_CASE("random d-regular: connected, every node has d neighbours, weights 1/(d+1)") {
-  auto topo = make("random_regular", ConfigSection("t", {{"degree", std::int64_t{3}},
-                                                         {"seed", std::int64_t{7}}}));
+  auto topo = make("random_regular",
+                   ConfigSection("t", {{"degree", std::int64_t{3}}, {"seed", std::int64_t{7}}}));
   const MixingMatrix w = topo->mixing(16, 0);
   for (Rank i = 0; i < 16; ++i) {
     int deg = 0;

@@ -5,11 +5,10 @@
 //   cohort-decentralized-sim --nodes 16 --topology ring --partition dirichlet:0.1 \
 //       --algos dpsgd,dsgdm,qg_dsgdm --steps 1500 --lr 0.05
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
@@ -45,8 +44,9 @@ int main(int argc, char** argv) {
   std::string compressor = "none";
   std::uint64_t seed = 1, staleness = 0;
   app.add_option("--nodes", nodes, "number of peers");
-  app.add_option("--topology", topology, "ring, torus, exponential, one_peer_exponential, complete, "
-                                         "random_regular, time_varying");
+  app.add_option("--topology", topology,
+                 "ring, torus, exponential, one_peer_exponential, complete, "
+                 "random_regular, time_varying");
   app.add_option("--partition", partition, "iid, dirichlet:ALPHA, shards:S, quantity:BETA");
   app.add_option("--algos", algos, "comma-separated decentralized optimizers");
   app.add_option("--steps", steps, "steps per node (the same for every algorithm)");
@@ -60,8 +60,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", data_dir, "Fashion-MNIST folder");
   app.add_option("--seed", seed, "seed of the split, the batches and the initial model");
-  app.add_option("--staleness", staleness, "asynchronous gossip with this staleness bound (0: sync)");
-  app.add_option("--eval-every", eval_every, "also print the average model's accuracy every K steps");
+  app.add_option("--staleness", staleness,
+                 "asynchronous gossip with this staleness bound (0: sync)");
+  app.add_option("--eval-every", eval_every,
+                 "also print the average model's accuracy every K steps");
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Warn);
@@ -94,9 +96,9 @@ int main(int argc, char** argv) {
       InMemoryNetwork net(static_cast<Rank>(nodes));
       std::vector<std::unique_ptr<client::PeerLearner>> peers;
       for (std::size_t i = 0; i < nodes; ++i) {
-        peers.push_back(std::make_unique<client::PeerLearner>(
-            *device, spec, data.train, parts[i], batch, seed * 1000003ULL + i, seed,
-            optimizers.create(algo, section, q)));
+        peers.push_back(std::make_unique<client::PeerLearner>(*device, spec, data.train, parts[i],
+                                                              batch, seed * 1000003ULL + i, seed,
+                                                              optimizers.create(algo, section, q)));
       }
       std::vector<std::unique_ptr<agg::Gossip>> gossips;
       for (std::size_t i = 0; i < nodes; ++i) {
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
           auto learner = client::PeerLearner(*device, spec, data.train, parts[0], batch, 0, seed,
                                              optimizers.create("dpsgd", {}));
           std::copy(avg.begin(), avg.end(), learner.parameters().begin());
-          nlohmann::json j{{"algo", algo}, {"step", done},
+          nlohmann::json j{{"algo", algo},
+                           {"step", done},
                            {"avg_model_accuracy", learner.evaluate(data.test).accuracy}};
           std::cout << j.dump() << std::endl;
         }

@@ -60,7 +60,8 @@ class Peer {
     opts_.security.cert_file = config.get_string("tls.cert_file");
     opts_.security.key_file = config.get_string("tls.key_file");
     opts_.chunk_bytes = static_cast<std::size_t>(config.get_int("transport.chunk_kib")) * 1024;
-    opts_.handshake_timeout = std::chrono::milliseconds(config.get_int("peer.handshake_timeout_ms"));
+    opts_.handshake_timeout =
+        std::chrono::milliseconds(config.get_int("peer.handshake_timeout_ms"));
   }
 
   int run() {
@@ -83,12 +84,14 @@ class Peer {
 
  private:
   transport::Welcome join(const std::string& advertise) {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
     auto next_register = Clock::now();
     for (;;) {
       if (stop_.load()) throw TransportError("stopped before the decentralized run started");
       if (Clock::now() > deadline) {
-        throw TimeoutError("no Welcome from the coordinator " + config_.get_string("client.server") +
+        throw TimeoutError("no Welcome from the coordinator " +
+                           config_.get_string("client.server") +
                            " (is cohort-server running with server.mode = decentralized?)");
       }
       if (Clock::now() >= next_register && (coord_->is_ready() || opts_.security.insecure)) {
@@ -152,7 +155,8 @@ class Peer {
     ConfigSchema schema;
     schema.add_section("decentralized", "");
     Config cfg(schema);
-    cfg.merge_toml("[decentralized]\n" + w.training_toml, "the coordinator's [decentralized] section");
+    cfg.merge_toml("[decentralized]\n" + w.training_toml,
+                   "the coordinator's [decentralized] section");
     section_ = cfg.section("decentralized");
     steps_ = static_cast<std::uint64_t>(section_.get_int("steps", 100));
     lr_ = static_cast<float>(section_.get_double("lr", 0.05));
@@ -168,8 +172,9 @@ class Peer {
     agg::add_builtin_decentralized_optimizers(optimizers);
     agg::CompressorRegistry compressors;
     agg::add_builtin_compressors(compressors);
-    std::shared_ptr<const agg::Compressor> q = compressors.create(
-        section_.get_string("compressor", "none"), ConfigSection("compressor", {{"error_feedback", false}}));
+    std::shared_ptr<const agg::Compressor> q =
+        compressors.create(section_.get_string("compressor", "none"),
+                           ConfigSection("compressor", {{"error_feedback", false}}));
     auto opt = optimizers.create(algo, optimizer_options(algo, section_), q);
     if (opt->needs_symmetric() && !topology_->symmetric()) {
       throw ConfigError(algo + " needs a symmetric topology; " + std::string(topology_->name()) +
@@ -182,19 +187,20 @@ class Peer {
     apply_members(w, start_);
 
     const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
-    const auto parts = make_partition(
-        parse_partition_spec(section_.get_string("partition", config_.get_string("data.partition"))),
-        data_.train.labels(), n_, seed);
+    const auto parts = make_partition(parse_partition_spec(section_.get_string(
+                                          "partition", config_.get_string("data.partition"))),
+                                      data_.train.labels(), n_, seed);
     spec_ = kernels::make_network_spec(w.model_spec);
-    device_ = kernels::make_device(config_.get_string("client.device"),
-                                   {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
+    device_ = kernels::make_device(
+        config_.get_string("client.device"),
+        {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
     learner_.emplace(*device_, spec_, data_.train, parts[rank_],
                      static_cast<std::size_t>(section_.get_int("batch", 32)),
-                     seed * 1000003ULL + rank_, static_cast<std::uint64_t>(config_.get_int("data.seed")),
-                     std::move(opt));
+                     seed * 1000003ULL + rank_,
+                     static_cast<std::uint64_t>(config_.get_int("data.seed")), std::move(opt));
     COHORT_LOG(Info) << name_ << ": rank " << rank_ << " of " << n_ << ", " << algo << " on "
-                     << topology_->name() << ", " << learner_->samples() << " rows, steps " << start_
-                     << ".." << steps_;
+                     << topology_->name() << ", " << learner_->samples() << " rows, steps "
+                     << start_ << ".." << steps_;
   }
 
   void pump_coordinator(std::uint64_t t) {
@@ -263,13 +269,15 @@ class Peer {
     rep.eval_count = eval.count;
     rep.bytes_sent = comm_->bytes_sent();
     rep.bytes_received = comm_->bytes_received();
-    std::printf("{\"peer\":\"%s\",\"rank\":%u,\"steps\":%llu,\"test_accuracy\":%.6f,"
-                "\"bytes_sent\":%llu}\n",
-                name_.c_str(), rank_, static_cast<unsigned long long>(steps_), eval.accuracy,
-                static_cast<unsigned long long>(comm_->bytes_sent()));
+    std::printf(
+        "{\"peer\":\"%s\",\"rank\":%u,\"steps\":%llu,\"test_accuracy\":%.6f,"
+        "\"bytes_sent\":%llu}\n",
+        name_.c_str(), rank_, static_cast<unsigned long long>(steps_), eval.accuracy,
+        static_cast<unsigned long long>(comm_->bytes_sent()));
     std::fflush(stdout);
     // Stay until the coordinator closes the run: slower neighbours may still need our session.
-    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
     auto next_report = Clock::now();
     while (!closed_ && !stop_.load() && Clock::now() < deadline) {
       if (Clock::now() >= next_report) {
@@ -311,10 +319,15 @@ class Peer {
 }  // namespace
 
 void add_peer_config(ConfigSchema& schema) {
-  schema.add("client.mode", std::string("federated"), "federated | decentralized (peer-to-peer, no parameter server)")
-      .add("peer.listen", std::string("tcp://127.0.0.1:*"), "decentralized: url this peer binds for its neighbours")
-      .add("peer.advertise", std::string(""), "decentralized: url neighbours dial (default: the bound url)")
-      .add("peer.handshake_timeout_ms", std::int64_t{10000}, "decentralized: first-contact handshake limit");
+  schema
+      .add("client.mode", std::string("federated"),
+           "federated | decentralized (peer-to-peer, no parameter server)")
+      .add("peer.listen", std::string("tcp://127.0.0.1:*"),
+           "decentralized: url this peer binds for its neighbours")
+      .add("peer.advertise", std::string(""),
+           "decentralized: url neighbours dial (default: the bound url)")
+      .add("peer.handshake_timeout_ms", std::int64_t{10000},
+           "decentralized: first-contact handshake limit");
 }
 
 int run_peer(const Config& config, const std::atomic<bool>& stop) {

@@ -13,8 +13,12 @@ PeerLearner::PeerLearner(const kernels::Device& device, const kernels::NetworkSp
                          const Dataset& train, std::vector<std::uint32_t> indices,
                          std::size_t batch, std::uint64_t data_seed, std::uint64_t init_seed,
                          std::unique_ptr<aggregation::DecentralizedOptimizer> optimizer)
-    : train_(train), net_(device.make_network(spec)), indices_(std::move(indices)), batch_(batch),
-      data_seed_(data_seed), opt_(std::move(optimizer)) {
+    : train_(train),
+      net_(device.make_network(spec)),
+      indices_(std::move(indices)),
+      batch_(batch),
+      data_seed_(data_seed),
+      opt_(std::move(optimizer)) {
   if (indices_.empty()) throw DataError("a decentralized peer needs at least one training row");
   if (batch_ == 0) throw ConfigError("batch size must be at least 1");
   if (train_.feature_dim() != spec.input_shape().size()) {

@@ -45,7 +45,7 @@ class PeerLearner {
   std::size_t batch_;
   std::uint64_t data_seed_;
   std::unique_ptr<aggregation::DecentralizedOptimizer> opt_;
-  FloatBuffer x_;                         // the node's state x_i (the network holds eval points)
+  FloatBuffer x_;  // the node's state x_i (the network holds eval points)
   std::vector<float> batch_x_, dlogits_;
   std::vector<std::int32_t> batch_y_;
 };

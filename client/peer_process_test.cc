@@ -26,12 +26,12 @@ struct Run {
     sec::generate_ca(dir.path() / "ca");
     coordinator = sec::generate_node(dir.path() / "ca", "shard-0", dir.path() / "certs");
     for (int i = 0; i < n; ++i) {
-      peers.push_back(sec::generate_node(dir.path() / "ca", "peer-" + std::to_string(i),
-                                         dir.path() / "certs"));
+      peers.push_back(
+          sec::generate_node(dir.path() / "ca", "peer-" + std::to_string(i), dir.path() / "certs"));
     }
   }
   static std::vector<std::string> tls(const sec::TlsFiles& f) {
-    return {"--set", "tls.ca_file=" + f.ca_file, "--set", "tls.cert_file=" + f.cert_file,
+    return {"--set", "tls.ca_file=" + f.ca_file,  "--set", "tls.cert_file=" + f.cert_file,
             "--set", "tls.key_file=" + f.key_file};
   }
 };
@@ -56,15 +56,30 @@ TEST_CASE("decentralized peers over TLS: one killed mid-training, the other thre
   const int n = 4;
   Run run(n);
   const std::string port_file = run.dir.file("port");
-  Process server = Process::spawn(
-      COHORT_SERVER_BIN,
-      concat({"--server.mode=decentralized", "--set", "server.listen=tcp://127.0.0.1:*", "--set",
-              "server.port_file=" + port_file, "--set", "decentralized.peers=4", "--set",
-              "decentralized.steps=1500", "--set", "decentralized.topology=ring", "--set",
-              "decentralized.algorithm=dsgdm", "--set", "decentralized.lr=0.02", "--set",
-              "decentralized.gossip_timeout_ms=2000", "--set", "model.spec=mlp:784-16-10",
-              "--set", "server.heartbeat_ms=300", "--set", "server.client_timeout_ms=6000"},
-             Run::tls(run.coordinator)));
+  Process server = Process::spawn(COHORT_SERVER_BIN, concat({"--server.mode=decentralized",
+                                                             "--set",
+                                                             "server.listen=tcp://127.0.0.1:*",
+                                                             "--set",
+                                                             "server.port_file=" + port_file,
+                                                             "--set",
+                                                             "decentralized.peers=4",
+                                                             "--set",
+                                                             "decentralized.steps=1500",
+                                                             "--set",
+                                                             "decentralized.topology=ring",
+                                                             "--set",
+                                                             "decentralized.algorithm=dsgdm",
+                                                             "--set",
+                                                             "decentralized.lr=0.02",
+                                                             "--set",
+                                                             "decentralized.gossip_timeout_ms=2000",
+                                                             "--set",
+                                                             "model.spec=mlp:784-16-10",
+                                                             "--set",
+                                                             "server.heartbeat_ms=300",
+                                                             "--set",
+                                                             "server.client_timeout_ms=6000"},
+                                                            Run::tls(run.coordinator)));
   const std::string port = cohort::test::read_when_ready(port_file, 60s);
   std::vector<Process> peers;
   for (int i = 0; i < n; ++i) {
@@ -85,7 +100,8 @@ TEST_CASE("decentralized peers over TLS: one killed mid-training, the other thre
   if (!code || *code != 0) {
     MESSAGE("server stderr:\n" << server.stderr_text().substr(0, 6000));
     for (int i = 0; i < n; ++i) {
-      MESSAGE("peer " << i << " stderr:\n" << peers[static_cast<std::size_t>(i)].stderr_text().substr(0, 3000));
+      MESSAGE("peer " << i << " stderr:\n"
+                      << peers[static_cast<std::size_t>(i)].stderr_text().substr(0, 3000));
     }
   }
   REQUIRE(code.has_value());
@@ -110,15 +126,28 @@ TEST_CASE("decentralized peers over TLS: a killed peer restarts under its name a
   const int n = 4;
   Run run(n);
   const std::string port_file = run.dir.file("port");
-  Process server = Process::spawn(
-      COHORT_SERVER_BIN,
-      concat({"--server.mode=decentralized", "--set", "server.listen=tcp://127.0.0.1:*", "--set",
-              "server.port_file=" + port_file, "--set", "decentralized.peers=4", "--set",
-              "decentralized.steps=4000", "--set", "decentralized.algorithm=dpsgd", "--set",
-              "decentralized.lr=0.02", "--set", "decentralized.gossip_timeout_ms=2000", "--set",
-              "model.spec=mlp:784-16-10", "--set", "server.heartbeat_ms=300", "--set",
-              "server.client_timeout_ms=5000"},
-             Run::tls(run.coordinator)));
+  Process server = Process::spawn(COHORT_SERVER_BIN, concat({"--server.mode=decentralized",
+                                                             "--set",
+                                                             "server.listen=tcp://127.0.0.1:*",
+                                                             "--set",
+                                                             "server.port_file=" + port_file,
+                                                             "--set",
+                                                             "decentralized.peers=4",
+                                                             "--set",
+                                                             "decentralized.steps=4000",
+                                                             "--set",
+                                                             "decentralized.algorithm=dpsgd",
+                                                             "--set",
+                                                             "decentralized.lr=0.02",
+                                                             "--set",
+                                                             "decentralized.gossip_timeout_ms=2000",
+                                                             "--set",
+                                                             "model.spec=mlp:784-16-10",
+                                                             "--set",
+                                                             "server.heartbeat_ms=300",
+                                                             "--set",
+                                                             "server.client_timeout_ms=5000"},
+                                                            Run::tls(run.coordinator)));
   const std::string port = cohort::test::read_when_ready(port_file, 60s);
   auto peer_args = [&](int i) {
     return concat({"--mode", "decentralized", "--server", "tcp://127.0.0.1:" + port, "--name",

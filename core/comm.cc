@@ -14,8 +14,8 @@ void send_floats(Comm& comm, Rank to, std::uint64_t tag, std::span<const float> 
 
 namespace {
 
-std::optional<PooledBuffer> recv_exact(Comm& comm, Rank from, std::uint64_t tag,
-                                       std::size_t floats, std::chrono::milliseconds timeout) {
+std::optional<PooledBuffer> recv_exact(Comm& comm, Rank from, std::uint64_t tag, std::size_t floats,
+                                       std::chrono::milliseconds timeout) {
   auto message = comm.recv(from, tag, timeout);
   if (!message) return std::nullopt;
   if (message->size() != floats * sizeof(float)) {

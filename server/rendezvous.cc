@@ -148,8 +148,9 @@ class Rendezvous {
   void on_register(const transport::PeerHandle& handle, const NodeId& who,
                    const transport::Register& r) {
     if (r.role != transport::Role::kPeer) {
-      refuse(handle, "this coordinator runs a decentralized job: register as a peer "
-                     "(cohort-client --mode decentralized)");
+      refuse(handle,
+             "this coordinator runs a decentralized job: register as a peer "
+             "(cohort-client --mode decentralized)");
       return;
     }
     if (r.listen_url.empty()) {
@@ -254,9 +255,10 @@ class Rendezvous {
       e.body = transport::RoundClose{max_clock_, true, static_cast<std::uint32_t>(reported)};
       (void)ep_.send(m.handle, std::move(e));
     }
-    std::printf("{\"decentralized\":\"done\",\"peers\":%zu,\"finished\":%zu,\"gone\":%zu,"
-                "\"mean_test_accuracy\":%.6f}\n",
-                members_.size(), reported, gone, reported ? acc / static_cast<double>(reported) : 0.0);
+    std::printf(
+        "{\"decentralized\":\"done\",\"peers\":%zu,\"finished\":%zu,\"gone\":%zu,"
+        "\"mean_test_accuracy\":%.6f}\n",
+        members_.size(), reported, gone, reported ? acc / static_cast<double>(reported) : 0.0);
     std::fflush(stdout);
     return 0;
   }
@@ -277,7 +279,8 @@ class Rendezvous {
 
 int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx) {
   transport::EndpointOptions o;
-  o.node_id = config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name");
+  o.node_id =
+      config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name");
   o.security.insecure = config.get_bool("tls.insecure");
   o.security.ca_file = config.get_string("tls.ca_file");
   o.security.cert_file = config.get_string("tls.cert_file");

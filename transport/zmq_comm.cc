@@ -27,7 +27,10 @@ struct ZmqComm::Impl {
   std::uint64_t received = 0;
 
   Impl(Context& c, Rank r, Rank n, const std::string& bind_url, EndpointOptions o)
-      : ctx(c), rank(r), size(n), options(std::move(o)),
+      : ctx(c),
+        rank(r),
+        size(n),
+        options(std::move(o)),
         router(Endpoint::bind(ctx, bind_url, options)) {
     if (!options.buffers) options.buffers = router.buffers();  // one pool for every socket
   }
@@ -137,8 +140,8 @@ const std::string& ZmqComm::url() const { return impl_->router.url(); }
 void ZmqComm::set_peers(std::vector<PeerAddress> peers) {
   for (auto it = impl_->dealers.begin(); it != impl_->dealers.end();) {
     const Rank r = it->first;
-    const bool changed = r >= peers.size() || r >= impl_->peers.size() ||
-                         !(peers[r] == impl_->peers[r]);
+    const bool changed =
+        r >= peers.size() || r >= impl_->peers.size() || !(peers[r] == impl_->peers[r]);
     if (changed) impl_->was_ready.erase(r);
     it = changed ? impl_->dealers.erase(it) : std::next(it);
   }

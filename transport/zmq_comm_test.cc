@@ -22,8 +22,8 @@ struct Group {
   explicit Group(Rank n) {
     sec::generate_ca(dir.path() / "ca");
     for (Rank r = 0; r < n; ++r) {
-      files.push_back(sec::generate_node(dir.path() / "ca", "peer-" + std::to_string(r),
-                                         dir.path() / "certs"));
+      files.push_back(
+          sec::generate_node(dir.path() / "ca", "peer-" + std::to_string(r), dir.path() / "certs"));
     }
   }
   EndpointOptions options(Rank r, bool insecure) const {
@@ -47,7 +47,8 @@ void exchange(bool insecure) {
   std::vector<std::unique_ptr<ZmqComm>> comms;
   std::vector<PeerAddress> peers;
   for (Rank r = 0; r < n; ++r) {
-    comms.push_back(std::make_unique<ZmqComm>(ctx, r, n, "tcp://127.0.0.1:*", g.options(r, insecure)));
+    comms.push_back(
+        std::make_unique<ZmqComm>(ctx, r, n, "tcp://127.0.0.1:*", g.options(r, insecure)));
     peers.push_back({comms[r]->url(), "peer-" + std::to_string(r)});
   }
   for (auto& c : comms) c->set_peers(peers);
@@ -59,7 +60,8 @@ void exchange(bool insecure) {
         try {
           ZmqComm& c = *comms[r];
           std::vector<Rank> others;
-          for (Rank k = 0; k < n; ++k) if (k != r) others.push_back(k);
+          for (Rank k = 0; k < n; ++k)
+            if (k != r) others.push_back(k);
           c.connect(others, 30s);
           for (Rank k : others) {
             for (std::uint64_t tag : {2, 1}) {
@@ -79,7 +81,8 @@ void exchange(bool insecure) {
           std::iota(big.begin(), big.end(), static_cast<float>(r));
           send_floats(c, (r + 1) % n, 9, big);
           std::vector<float> got(big.size());
-          if (!recv_floats(c, (r + n - 1) % n, 9, got, 60s)) throw std::runtime_error("no big message");
+          if (!recv_floats(c, (r + n - 1) % n, 9, got, 60s))
+            throw std::runtime_error("no big message");
           CHECK(got[0] == static_cast<float>((r + n - 1) % n));
           CHECK(got.back() == static_cast<float>((r + n - 1) % n + big.size() - 1));
           CHECK_FALSE(recv_floats(c, (r + n - 1) % n, 9, got, 10ms));

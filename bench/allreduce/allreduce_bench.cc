@@ -13,12 +13,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -119,20 +118,23 @@ int worker(const WorkerArgs& a) {
     std::ofstream f(dir / ("url." + std::to_string(a.rank) + ".tmp"));
     f << comm.url();
   }
-  fs::rename(dir / ("url." + std::to_string(a.rank) + ".tmp"), dir / ("url." + std::to_string(a.rank)));
+  fs::rename(dir / ("url." + std::to_string(a.rank) + ".tmp"),
+             dir / ("url." + std::to_string(a.rank)));
   std::vector<PeerAddress> peers(a.n);
   for (Rank r = 0; r < a.n; ++r) {
     const fs::path p = dir / ("url." + std::to_string(r));
     const auto deadline = Clock::now() + 60s;
     while (!fs::exists(p)) {
-      if (Clock::now() > deadline) throw TimeoutError("rank " + std::to_string(r) + " never started");
+      if (Clock::now() > deadline)
+        throw TimeoutError("rank " + std::to_string(r) + " never started");
       std::this_thread::sleep_for(5ms);
     }
     peers[r] = {slurp(p), "peer-" + std::to_string(r)};
   }
   comm.set_peers(peers);
   std::vector<Rank> others;
-  for (Rank r = 0; r < a.n; ++r) if (r != a.rank) others.push_back(r);
+  for (Rank r = 0; r < a.n; ++r)
+    if (r != a.rank) others.push_back(r);
   comm.connect(others, 60s);
 
   const auto sizes = parse_list(a.sizes);
@@ -190,8 +192,8 @@ int worker(const WorkerArgs& a) {
 }
 
 int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
-           const std::string& sizes, const std::string& algos, double target_seconds,
-           int max_iters, std::size_t segment_bytes) {
+           const std::string& sizes, const std::string& algos, double target_seconds, int max_iters,
+           std::size_t segment_bytes) {
   const fs::path dir = fs::temp_directory_path() / ("cohort-allreduce-" + std::to_string(getpid()));
   fs::create_directories(dir);
   struct Cleanup {
@@ -212,13 +214,14 @@ int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
       for (Rank r = 0; r < max_n; ++r) fs::remove(dir / ("url." + std::to_string(r)));
       std::vector<pid_t> pids;
       for (Rank r = 0; r < n; ++r) {
-        pids.push_back(spawn(self_path(),
-                             {"--worker", "--rank", std::to_string(r), "--n", std::to_string(n),
-                              "--dir", dir.string(), "--mode", mode, "--sizes", sizes, "--algos",
-                              algos, "--segment", std::to_string(segment_bytes), "--seconds", std::to_string(target_seconds), "--max-iters",
-                              std::to_string(max_iters)},
-                             (dir / ("out." + std::to_string(r))).string(),
-                             (dir / ("err." + std::to_string(r))).string()));
+        pids.push_back(
+            spawn(self_path(),
+                  {"--worker", "--rank", std::to_string(r), "--n", std::to_string(n), "--dir",
+                   dir.string(), "--mode", mode, "--sizes", sizes, "--algos", algos, "--segment",
+                   std::to_string(segment_bytes), "--seconds", std::to_string(target_seconds),
+                   "--max-iters", std::to_string(max_iters)},
+                  (dir / ("out." + std::to_string(r))).string(),
+                  (dir / ("err." + std::to_string(r))).string()));
       }
       // Bounded: a worker that hangs is killed, never waited on forever.
       const auto deadline = Clock::now() + std::chrono::seconds(600);
@@ -252,7 +255,8 @@ int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
         if (status[r] != 0) {
           ++failures;
           std::cerr << "rank " << r << " of " << n << " (" << mode << ") exited " << status[r]
-                    << ":\n" << slurp(dir / ("err." + std::to_string(r))) << '\n';
+                    << ":\n"
+                    << slurp(dir / ("err." + std::to_string(r))) << '\n';
         }
       }
     }

@@ -33,9 +33,9 @@ enum class AllreduceAlgo { kAuto, kRing, kRecursiveDoubling };
 struct AllreduceOptions {
   AllreduceAlgo algo = AllreduceAlgo::kAuto;
   std::size_t segment_bytes = std::size_t{1} << 20;  // pipelining grain of the ring
-  std::size_t small_bytes = std::size_t{64} << 10;     // kAuto: recursive doubling below this
+  std::size_t small_bytes = std::size_t{64} << 10;   // kAuto: recursive doubling below this
   std::chrono::milliseconds timeout{60000};
-  std::uint64_t tag_base = std::uint64_t{1} << 62;    // keeps its tags apart from gossip tags
+  std::uint64_t tag_base = std::uint64_t{1} << 62;  // keeps its tags apart from gossip tags
 };
 
 class AllReducer {

@@ -98,8 +98,8 @@ class Gossip {
 
   std::set<Rank> gone_;
   std::set<Rank> suspects_;
-  struct Latest {              // asynchronous gossip: the newest model from one in-neighbour
-    std::uint64_t next = 0;    // the next step whose message we have not taken
+  struct Latest {            // asynchronous gossip: the newest model from one in-neighbour
+    std::uint64_t next = 0;  // the next step whose message we have not taken
     bool has = false;
     std::vector<float> model;
   };
