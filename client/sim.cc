@@ -14,8 +14,8 @@
 // in Envelope.recipient, so the fleet routes them. 10,000 clients therefore cost 10,000 ids,
 // partitions and profiles, not 10,000 sockets (ZeroMQ's default limit is 1,023 per context, and
 // each costs file descriptors). A virtual client holds its partition's row indices and a profile
-// (~50 bytes); model copies exist only for the clients in flight (a window of about twice the
-// training threads), and each training thread owns one network and trainer, so memory grows with
+// (~50 bytes); model copies exist only for the clients in flight (a window of up to 64, within
+// 64 MiB of copies), and each training thread owns one network and trainer, so memory grows with
 // the threads and the selected cohort, not with the registered clients.
 //
 // The protocol is the participant's (participant.cc): Register -> Welcome, and per RoundStart:
@@ -161,7 +161,6 @@ class Fleet {
     min_updates_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
     deadline_s_ = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
     rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
-    window_ = 2 * pool_.size() + 2;
     const std::size_t want = static_cast<std::size_t>(
         std::ceil(static_cast<double>(k_) * config.get_double("server.overselect")));
     expected_selected_ = std::min(std::max<std::size_t>(want, 1), n_);
@@ -204,6 +203,15 @@ class Fleet {
       advance();
       check_stalled_collection();
       progress_line(false);
+    }
+    if (active_) {
+      // Training finished at the last round's K-th update: its cut and late clients need not
+      // report any more (their bytes are counted from the plan either way).
+      for (auto& j : active_->jobs) {
+        if (!j->done && j->pulls_pending + j->acks_pending > 0) --in_flight_;
+        j->done = true;
+      }
+      close_active();
     }
     flush_records(true);
     if (progress_ && tty_) std::fputc('\n', stderr);
@@ -266,8 +274,9 @@ class Fleet {
   };
 
   std::string name_of(std::uint32_t c) const {
-    std::string digits = std::to_string(c);
-    return "c" + std::string(width_ > digits.size() ? width_ - digits.size() : 0, '0') + digits;
+    char name[32];
+    std::snprintf(name, sizeof name, "c%0*u", static_cast<int>(width_), static_cast<unsigned>(c));
+    return name;
   }
   std::optional<std::uint32_t> client_of(const std::string& name) const {
     if (name.size() != width_ + 1 || name[0] != 'c') return std::nullopt;
@@ -372,6 +381,11 @@ class Fleet {
   void setup_model(const transport::Welcome& w) {
     spec_ = kernels::make_network_spec(w.model_spec);
     model_size_ = spec_.parameter_count();
+    // Clients in flight (pulled or pulling, training, waiting to push in order): enough to hide
+    // the hops between fleet, shards and training threads when local work is small, within a
+    // 64 MiB budget of model copies, and at least two per training thread.
+    const std::size_t fit = (std::size_t{64} << 20) / std::max<std::size_t>(1, model_size_ * sizeof(float));
+    window_ = std::clamp<std::size_t>(fit, 2 * pool_.size() + 2, 64);
     if (model_size_ != w.model_size) throw ProtocolError("the coordinator's model size does not match its spec");
     if (w.shards.size() != urls_.size()) throw ProtocolError("the coordinator announced another shard map");
     shards_ = w.shards;
@@ -548,6 +562,10 @@ class Fleet {
           ++rec.silent;
           continue;
         }
+        // Bytes are counted from the plan (what the protocol moves for this client), so a record
+        // does not depend on how far late clients got when training ended; bytes_measured counts
+        // what really moved.
+        rec.bytes += bytes_down + (f == Fate::kCompletes ? bytes_up : 0);
         auto job = std::make_unique<Job>();
         job->kind = f == Fate::kCompletes ? Job::Kind::kTrain : Job::Kind::kPullOnly;
         job->client = col.clients[i];
@@ -726,11 +744,33 @@ class Fleet {
     return r;
   }
 
+  // Reports reach the coordinator in a fixed order: a round's reports wait for the evaluation
+  // reports of earlier rounds, which the coordinator would otherwise see late or not at all
+  // depending on thread timing.
   void send_report(const Job& job, const transport::ClientReport& r) {
+    const bool wait = !r.evaluated && std::any_of(evals_.begin(), evals_.end(), [&](const auto& j) {
+      return j->rs.round < r.round;
+    });
+    if (wait || (!r.evaluated && !held_reports_.empty())) {
+      held_reports_.emplace_back(job.client, r);
+      return;
+    }
     Envelope e;
     e.round = r.round;
     e.body = r;
     send(0, job.client, std::move(e));
+  }
+
+  void release_reports() {
+    while (!held_reports_.empty()) {
+      const auto& [client, r] = held_reports_.front();
+      if (std::any_of(evals_.begin(), evals_.end(), [&](const auto& j) { return j->rs.round < r.round; })) return;
+      Envelope e;
+      e.round = r.round;
+      e.body = r;
+      send(0, client, std::move(e));
+      held_reports_.pop_front();
+    }
   }
 
   void finish_training_job(Job& job) {
@@ -756,7 +796,7 @@ class Fleet {
     job.done = true;
     --in_flight_;
     give_buffer(job.params);
-    if (active_ && job.kind != Job::Kind::kEvaluate) active_->record.bytes += job.bytes_down + job.bytes_up;
+    if (job.kind != Job::Kind::kEvaluate) summary_.bytes_measured += job.bytes_down + job.bytes_up;
   }
 
   void close_active() {
@@ -787,6 +827,7 @@ class Fleet {
     summary_.final_loss = job.eval.loss;
     evals_.erase(std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
                  evals_.end());
+    release_reports();
     flush_records(false);
   }
 
@@ -949,6 +990,7 @@ class Fleet {
   std::optional<Active> active_;
   std::vector<std::unique_ptr<Job>> evals_;
   std::size_t in_flight_ = 0;
+  std::deque<std::pair<std::uint32_t, transport::ClientReport>> held_reports_;
   std::uint64_t starts_ = 0;
   std::vector<FloatBuffer> spare_;
   double sim_now_ = 0;

@@ -22,7 +22,9 @@ struct Summary {
   double sim_seconds = 0.0;          // simulated wall-clock time of the fleet
   double final_accuracy = -1.0;      // last evaluation (-1: none)
   double final_loss = 0.0;
-  std::uint64_t bytes = 0;           // payload bytes moved by training rounds
+  std::uint64_t bytes = 0;           // payload bytes of training rounds, as planned per client
+  std::uint64_t bytes_measured = 0;  // the same as counted on the wire (late clients cut short
+                                     // by the end of training excepted)
   double wall_seconds = 0.0;         // host time
   double train_wall_seconds = 0.0;   // host time spent in local training (summed over threads)
   double round_wall_seconds = 0.0;   // host time from the first round's start to the last's end

@@ -117,6 +117,7 @@ TEST_CASE("with a fixed profile the simulated round time is the closed form") {
     CHECK(r["bytes"].get<double>() == 5 * 2 * bytes);  // real payload bytes, five clients
   }
   CHECK(s.sim_seconds == doctest::Approx(2 * expected).epsilon(1e-12));
+  CHECK(s.bytes_measured == s.bytes);  // the clock's bytes are the bytes that moved
 }
 
 TEST_CASE("the same config and seed give the same metrics, wall-clock fields aside") {

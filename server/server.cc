@@ -775,9 +775,12 @@ class Coordinator {
       }
     }
     if (state_ == State::kClosing && now >= close_retry_) resend_close();
-    // Clients silent for too long leave the pool (their reconnect re-registers them).
+    // Clients silent for too long leave the pool (their reconnect re-registers them). The sweep
+    // walks every client, so it runs at most every 100 ms, not after every message.
     const auto timeout = std::chrono::milliseconds(config_.get_int("server.client_timeout_ms"));
-    for (auto it = clients_.begin(); it != clients_.end();) {
+    const bool sweep = now >= next_sweep_;
+    if (sweep) next_sweep_ = now + 100ms;
+    for (auto it = clients_.begin(); sweep && it != clients_.end();) {
       if (now - it->second.last_seen > timeout && !selected_.contains(it->first)) {
         COHORT_LOG(Info) << "client " << it->first << " timed out";
         it = clients_.erase(it);
@@ -1332,6 +1335,7 @@ class Coordinator {
   std::uint64_t fb_version_ = 0;
   std::size_t fb_buffered_ = 0;  // updates accepted since the last server step
   std::map<NodeId, Clock::time_point> busy_;
+  Clock::time_point next_sweep_;  // of timed-out clients
 };
 
 transport::EndpointOptions endpoint_options(const Config& c, const std::string& name) {
