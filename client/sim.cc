@@ -1030,6 +1030,7 @@ ConfigSchema sim_config_schema() {
       .add("sim.metrics_file", std::string("sim_metrics.jsonl"), "per-round JSON lines (simulated and wall_* times)")
       .add("sim.csv_file", std::string("sim_metrics.csv"), "the same as CSV (--plot reads it); empty: none")
       .add("sim.progress", true, "live progress line on stderr")
+      .add("sim.log_dir", std::string(""), "--processes: folder for the processes' logs and config (default: a new one under the temp dir)")
       .add("sim.profile_trace", std::string(""),
            "CSV of devices (gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
            "client i gets row i mod rows; overrides profile.*")
@@ -1158,7 +1159,9 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
   for (const auto& b : {server_bin, client_bin}) {
     if (access(b.c_str(), X_OK) != 0) throw ConfigError("--processes needs " + b.string() + " (build it next to cohort-sim)");
   }
-  const auto dir = std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()));
+  const auto dir = config.get_string("sim.log_dir").empty()
+                       ? std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()))
+                       : std::filesystem::path(config.get_string("sim.log_dir"));
   std::filesystem::create_directories(dir);
   // The server's keys of the simulation file, as a cohort-server configuration.
   const ConfigSchema schema = server::config_schema();

@@ -172,5 +172,18 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
   CHECK(silent > 0);
 }
 
+TEST_CASE("--processes runs the same configuration as cohort-server and cohort-client processes") {
+  testing::TempDir dir;
+  const Config config = make_config(
+      dir, {"sim.clients=3", "server.clients_per_round=2", "server.rounds=2", "server.shards=2",
+            "sim.log_dir=" + (dir.path() / "logs").string()});
+  std::atomic<bool> stop{false};
+  CHECK(run_processes(config, COHORT_BIN_DIR, stop) == 0);  // every process is reaped on return
+  const auto rounds = records(dir.path() / "server.jsonl", "round");
+  REQUIRE(rounds.size() == 2);
+  CHECK(rounds.back()["clients"] == 2);
+  CHECK(std::filesystem::exists(dir.path() / "logs" / "c00002.log"));
+}
+
 }  // namespace
 }  // namespace cohort::client::sim
