@@ -99,11 +99,23 @@ std::string human_duration(double s) {
   return buf;
 }
 
+// Server keys cohort-sim sets itself for its in-process shards (not in its schema).
+bool set_by_sim(std::string_view key) {
+  for (std::string_view k : {"server.shard", "server.listen", "server.coordinator", "server.advertise",
+                             "server.name", "server.port_file", "server.min_clients",
+                             "server.client_timeout_ms"}) {
+    if (key == k) return true;
+  }
+  return key.rfind("tls.", 0) == 0;
+}
+
 // The server's configuration for shard `index` of the simulation.
 Config shard_config(const Config& sim, std::uint32_t index, const std::vector<std::string>& urls) {
   const ConfigSchema schema = server::config_schema();
   Config c(schema);
-  for (const auto& o : schema.options()) c.set_value(o.key, [&]() -> Value {
+  for (const auto& o : schema.options()) {
+    if (set_by_sim(o.key)) continue;
+    c.set_value(o.key, [&]() -> Value {
     switch (o.type) {
       case ValueType::kBool: return sim.get_bool(o.key);
       case ValueType::kInt: return sim.get_int(o.key);
@@ -111,7 +123,8 @@ Config shard_config(const Config& sim, std::uint32_t index, const std::vector<st
       case ValueType::kString: return sim.get_string(o.key);
     }
     return sim.get_string(o.key);
-  }());
+    }());
+  }
   for (const char* section : {"train", "aggregator", "server_optimizer"}) {
     const auto s = sim.section(section);
     for (const auto& name : s.names()) c.set(std::string(section) + "." + name, s.get_string(name, ""));
@@ -1012,8 +1025,13 @@ ConfigSchema sim_config_schema() {
   ConfigSchema s;
   const ConfigSchema server_schema = server::config_schema();
   for (const auto& o : server_schema.options()) {
-    if (o.secret) s.add_secret(o.key, o.default_value, o.help);
-    else s.add(o.key, o.default_value, o.help);
+    if (set_by_sim(o.key)) continue;
+    std::string help = o.help;
+    if (o.key == "server.mode") help = "federated (the only mode cohort-sim simulates)";
+    if (o.key == "server.round_deadline_ms") {
+      help = "a round closes at this deadline, on the simulated clock (--processes: real time)";
+    }
+    s.add(o.key, o.default_value, help);
   }
   s.add_section("train", "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
       .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
@@ -1168,10 +1186,7 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
   {
     std::ofstream out(dir / "server.toml");
     for (const auto& o : schema.options()) {
-      if (o.secret || o.key == "server.shard" || o.key == "server.shards" || o.key == "server.listen" ||
-          o.key == "server.coordinator" || o.key == "server.port_file") {
-        continue;
-      }
+      if (set_by_sim(o.key) || o.key == "server.shards") continue;
       Value v;
       switch (o.type) {
         case ValueType::kBool: v = config.get_bool(o.key); break;
@@ -1179,9 +1194,9 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
         case ValueType::kDouble: v = config.get_double(o.key); break;
         case ValueType::kString: v = config.get_string(o.key); break;
       }
-      if (o.key == "server.min_clients") v = n;
       out << o.key << " = " << toml_value(v) << '\n';
     }
+    out << "server.min_clients = " << n << '\n';
     for (const char* section : {"train", "aggregator", "server_optimizer"}) {
       const auto s = config.section(section);
       for (const auto& name : s.names()) {
