@@ -407,6 +407,11 @@ class Fleet {
     Config train_cfg(schema);
     train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
     options_ = trainer_options_from(train_cfg.section("train"));
+    if (!options_.reset_optimizer_state) {
+      // Training threads are shared by all clients; per-client optimizer state is not kept.
+      throw ConfigError("the simulation keeps no optimizer state between a client's rounds: "
+                        "train.reset_optimizer_state = false is not simulated");
+    }
     device_ = kernels::make_device("cpu", {.threads = 1});
     for (std::size_t i = 0; i < pool_.size(); ++i) {
       auto slot = std::make_unique<Slot>();
