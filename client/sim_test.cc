@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
+#include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/endpoint.h"
 #include "sim_clock.h"
 #include "test_util.h"
 
@@ -71,6 +73,46 @@ Summary run(const Config& config) {
   const auto registries = builtin_registries();
   std::atomic<bool> stop{false};
   return run_in_process(config, registries, stop);
+}
+
+TEST_CASE("a multiplexed inproc DEALER speaks for many nodes and the ROUTER answers each by name") {
+  using namespace std::chrono_literals;
+  transport::Context ctx;
+  transport::EndpointOptions ro;
+  ro.node_id = "router";
+  ro.multiplex = true;
+  auto router = transport::Endpoint::bind(ctx, "inproc://sim-test-multiplex", ro);
+  transport::EndpointOptions fo;
+  fo.node_id = "fleet";
+  fo.multiplex = true;
+  auto fleet = transport::Endpoint::connect(ctx, "inproc://sim-test-multiplex", fo);
+  for (const char* name : {"c00001", "c00002"}) {
+    transport::Envelope e;
+    e.sender = name;
+    e.body = transport::Heartbeat{};
+    fleet.send({}, std::move(e));
+  }
+  std::vector<transport::PeerHandle> handles;
+  for (int i = 0; i < 2; ++i) {
+    auto m = router.receive(5000ms);
+    REQUIRE(m);
+    CHECK(m->sender == (i == 0 ? "c00001" : "c00002"));
+    CHECK(router.peer_id(m->peer) == m->sender);
+    handles.push_back(m->peer);
+    transport::Envelope reply;
+    reply.body = transport::Bye{m->sender};
+    CHECK(router.send(m->peer, std::move(reply)));
+  }
+  CHECK(handles[0] != handles[1]);  // one connection, two peers
+  for (int i = 0; i < 2; ++i) {
+    auto m = fleet.receive(5000ms);
+    REQUIRE(m);
+    CHECK(m->envelope.recipient == std::get<transport::Bye>(m->envelope.body).reason);
+  }
+  // Only inside the process: over tcp the option is refused.
+  transport::EndpointOptions tcp = fo;
+  tcp.security.insecure = true;
+  CHECK_THROWS_AS(transport::Endpoint::connect(ctx, "tcp://127.0.0.1:1", tcp), ConfigError);
 }
 
 TEST_CASE("1,000 virtual clients with a small model complete their rounds") {
