@@ -28,8 +28,9 @@
 // simulated time. Clients that make the cut (the first K by simulated finish) run the protocol
 // and report in time; later ones ("cut") and those past the deadline ("stragglers") pull and
 // report that they missed the round; offline and dropped-out clients stay silent, as real ones
-// would, so the real coordinator closes the round at its (real-time) deadline, sim.wall_deadline_ms,
-// with the rest. server.round_deadline_ms is the deadline on the simulated clock.
+// would, so the real coordinator closes the round at its (real-time) deadline,
+// sim.wall_deadline_ms, with the rest. server.round_deadline_ms is the deadline on the simulated
+// clock.
 //
 // Determinism: selection is the coordinator's seeded sampler over all N registered clients
 // (server.min_clients = N). The profile, availability and dropout of a client in a round are
@@ -80,30 +81,39 @@ using transport::Envelope;
 using transport::Message;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string human_bytes(double b) {
   char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  if (b >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
   return buf;
 }
 
 std::string human_duration(double s) {
   char buf[32];
-  if (s >= 86400) std::snprintf(buf, sizeof buf, "%.1fd", s / 86400);
-  else if (s >= 3600) std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%.1fm", s / 60);
-  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  if (s >= 86400)
+    std::snprintf(buf, sizeof buf, "%.1fd", s / 86400);
+  else if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%.1fm", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
   return buf;
 }
 
 // Server keys cohort-sim sets itself for its in-process shards (not in its schema).
 bool set_by_sim(std::string_view key) {
-  for (std::string_view k : {"server.shard", "server.listen", "server.coordinator", "server.advertise",
-                             "server.name", "server.port_file", "server.min_clients",
-                             "server.client_timeout_ms"}) {
+  for (std::string_view k :
+       {"server.shard", "server.listen", "server.coordinator", "server.advertise", "server.name",
+        "server.port_file", "server.min_clients", "server.client_timeout_ms"}) {
     if (key == k) return true;
   }
   return key.rfind("tls.", 0) == 0;
@@ -116,18 +126,23 @@ Config shard_config(const Config& sim, std::uint32_t index, const std::vector<st
   for (const auto& o : schema.options()) {
     if (set_by_sim(o.key)) continue;
     c.set_value(o.key, [&]() -> Value {
-    switch (o.type) {
-      case ValueType::kBool: return sim.get_bool(o.key);
-      case ValueType::kInt: return sim.get_int(o.key);
-      case ValueType::kDouble: return sim.get_double(o.key);
-      case ValueType::kString: return sim.get_string(o.key);
-    }
-    return sim.get_string(o.key);
+      switch (o.type) {
+        case ValueType::kBool:
+          return sim.get_bool(o.key);
+        case ValueType::kInt:
+          return sim.get_int(o.key);
+        case ValueType::kDouble:
+          return sim.get_double(o.key);
+        case ValueType::kString:
+          return sim.get_string(o.key);
+      }
+      return sim.get_string(o.key);
     }());
   }
   for (const char* section : {"train", "aggregator", "server_optimizer"}) {
     const auto s = sim.section(section);
-    for (const auto& name : s.names()) c.set(std::string(section) + "." + name, s.get_string(name, ""));
+    for (const auto& name : s.names())
+      c.set(std::string(section) + "." + name, s.get_string(name, ""));
   }
   c.set_value("server.shard", std::int64_t{index});
   c.set_value("server.listen", urls[index]);
@@ -165,13 +180,21 @@ class Fleet {
  public:
   Fleet(const Config& config, transport::Context& ctx, const std::vector<std::string>& urls,
         const std::atomic<bool>& stop, const std::function<bool()>& shards_failed)
-      : config_(config), ctx_(ctx), urls_(urls), stop_(stop), shards_failed_(shards_failed),
-        pool_(config.get_int("sim.threads") > 0 ? static_cast<std::size_t>(config.get_int("sim.threads")) : 0),
+      : config_(config),
+        ctx_(ctx),
+        urls_(urls),
+        stop_(stop),
+        shards_failed_(shards_failed),
+        pool_(config.get_int("sim.threads") > 0
+                  ? static_cast<std::size_t>(config.get_int("sim.threads"))
+                  : 0),
         metrics_(config.get_string("sim.metrics_file")) {
     n_ = static_cast<std::size_t>(config.get_int("sim.clients"));
     seed_ = static_cast<std::uint64_t>(config.get_int("sim.seed"));
-    k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
-    min_updates_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
+    k_ = static_cast<std::size_t>(
+        std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
+    min_updates_ =
+        static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
     deadline_s_ = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
     rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
     const std::size_t want = static_cast<std::size_t>(
@@ -198,12 +221,14 @@ class Fleet {
     o.security.insecure = true;
     o.multiplex = true;
     o.chunk_bytes = static_cast<std::size_t>(config_.get_int("transport.chunk_kib")) * 1024;
-    for (const auto& url : urls_) eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
+    for (const auto& url : urls_)
+      eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
     for (auto& e : eps_) ep_ptrs_.push_back(e.get());
     registered_.assign(n_, false);
     while (!finished_) {
       if (stop_.load()) break;
-      if (shards_failed_()) throw InternalError("a server shard of the simulation failed (see its log)");
+      if (shards_failed_())
+        throw InternalError("a server shard of the simulation failed (see its log)");
       drive_registration();
       const bool busy = in_flight_ > 0;
       const int ready = Endpoint::poll(ep_ptrs_, busy ? 1ms : 20ms);
@@ -239,7 +264,9 @@ class Fleet {
     const auto until = Clock::now() + 30s;
     while (!done() && Clock::now() < until) {
       if (Endpoint::poll(ep_ptrs_, 20ms) >= 0) {
-        for (auto& e : eps_) while (e->receive(0ms)) {}
+        for (auto& e : eps_)
+          while (e->receive(0ms)) {
+          }
       }
     }
   }
@@ -252,7 +279,7 @@ class Fleet {
     transport::RoundStart rs;
     Fate fate = Fate::kCompletes;
     ClientTime time;
-    FloatBuffer params;  // the pulled model, then (trained) the delta
+    FloatBuffer params;           // the pulled model, then (trained) the delta
     std::uint64_t start_seq = 0;  // order of starts: a shard answers one client's pulls in order
     std::vector<bool> got;        // per shard: its pull reply arrived
     std::size_t pulls_pending = 0, acks_pending = 0;
@@ -308,16 +335,21 @@ class Fleet {
     train_ = std::move(data.train);
     test_ = std::move(data.test);
     const auto spec = parse_partition_spec(config_.get_string("data.partition"));
-    partition_ = make_partition(spec, train_.labels(), n_, static_cast<std::uint64_t>(config_.get_int("data.seed")));
+    partition_ = make_partition(spec, train_.labels(), n_,
+                                static_cast<std::uint64_t>(config_.get_int("data.seed")));
     partition_text_ = spec.to_string();
     const auto trace = config_.get_string("sim.profile_trace");
     if (!trace.empty()) {
       trace_ = read_profile_trace(trace);
     } else {
-      profile_spec_.gflops = parse_distribution(config_.get_string("profile.gflops"), "profile.gflops");
-      profile_spec_.uplink_mbps = parse_distribution(config_.get_string("profile.uplink_mbps"), "profile.uplink_mbps");
-      profile_spec_.downlink_mbps = parse_distribution(config_.get_string("profile.downlink_mbps"), "profile.downlink_mbps");
-      profile_spec_.latency_ms = parse_distribution(config_.get_string("profile.latency_ms"), "profile.latency_ms");
+      profile_spec_.gflops =
+          parse_distribution(config_.get_string("profile.gflops"), "profile.gflops");
+      profile_spec_.uplink_mbps =
+          parse_distribution(config_.get_string("profile.uplink_mbps"), "profile.uplink_mbps");
+      profile_spec_.downlink_mbps =
+          parse_distribution(config_.get_string("profile.downlink_mbps"), "profile.downlink_mbps");
+      profile_spec_.latency_ms =
+          parse_distribution(config_.get_string("profile.latency_ms"), "profile.latency_ms");
       parse_availability(config_.get_string("profile.availability"), profile_spec_);
       profile_spec_.dropout = config_.get_double("profile.dropout");
       if (!(profile_spec_.dropout >= 0 && profile_spec_.dropout <= 1)) {
@@ -397,10 +429,13 @@ class Fleet {
     // Clients in flight (pulled or pulling, training, waiting to push in order): enough to hide
     // the hops between fleet, shards and training threads when local work is small, within a
     // 64 MiB budget of model copies, and at least two per training thread.
-    const std::size_t fit = (std::size_t{64} << 20) / std::max<std::size_t>(1, model_size_ * sizeof(float));
+    const std::size_t fit =
+        (std::size_t{64} << 20) / std::max<std::size_t>(1, model_size_ * sizeof(float));
     window_ = std::clamp<std::size_t>(fit, 2 * pool_.size() + 2, 64);
-    if (model_size_ != w.model_size) throw ProtocolError("the coordinator's model size does not match its spec");
-    if (w.shards.size() != urls_.size()) throw ProtocolError("the coordinator announced another shard map");
+    if (model_size_ != w.model_size)
+      throw ProtocolError("the coordinator's model size does not match its spec");
+    if (w.shards.size() != urls_.size())
+      throw ProtocolError("the coordinator announced another shard map");
     shards_ = w.shards;
     ConfigSchema schema;
     schema.add_section("train", "");
@@ -409,8 +444,9 @@ class Fleet {
     options_ = trainer_options_from(train_cfg.section("train"));
     if (!options_.reset_optimizer_state) {
       // Training threads are shared by all clients; per-client optimizer state is not kept.
-      throw ConfigError("the simulation keeps no optimizer state between a client's rounds: "
-                        "train.reset_optimizer_state = false is not simulated");
+      throw ConfigError(
+          "the simulation keeps no optimizer state between a client's rounds: "
+          "train.reset_optimizer_state = false is not simulated");
     }
     device_ = kernels::make_device("cpu", {.threads = 1});
     for (std::size_t i = 0; i < pool_.size(); ++i) {
@@ -427,7 +463,8 @@ class Fleet {
 
   void dispatch(Message& m) {
     const auto& body = m.envelope.body;
-    COHORT_LOG(Trace) << "fleet: " << transport::body_name(body) << " for '" << m.envelope.recipient << "'";
+    COHORT_LOG(Trace) << "fleet: " << transport::body_name(body) << " for '" << m.envelope.recipient
+                      << "'";
     if (std::holds_alternative<transport::Bye>(body)) {
       finished_ = true;
       return;
@@ -485,8 +522,8 @@ class Fleet {
     if (front.clients.size() >= expected_selected_ || collecting_.size() > 1 ||
         seconds_since(front.last_arrival) > 1.0) {
       if (front.clients.size() < expected_selected_ && collecting_.size() == 1) {
-        COHORT_LOG(Warn) << "cohort-sim: round " << front.round << " selected " << front.clients.size()
-                         << " clients, expected " << expected_selected_;
+        COHORT_LOG(Warn) << "cohort-sim: round " << front.round << " selected "
+                         << front.clients.size() << " clients, expected " << expected_selected_;
       }
       Collecting next = std::move(front);
       collecting_.pop_front();
@@ -496,11 +533,13 @@ class Fleet {
 
   Job* find_job(std::uint32_t c, std::uint64_t round, bool eval) {
     if (eval) {
-      for (auto& j : evals_) if (j->client == c && j->rs.round == round) return j.get();
+      for (auto& j : evals_)
+        if (j->client == c && j->rs.round == round) return j.get();
       return nullptr;
     }
     if (!active_ || active_->round != round) return nullptr;
-    for (auto& j : active_->jobs) if (j->client == c && !j->done) return j.get();
+    for (auto& j : active_->jobs)
+      if (j->client == c && !j->done) return j.get();
     return nullptr;
   }
 
@@ -516,10 +555,12 @@ class Fleet {
       if (!job || j->start_seq < job->start_seq) job = j;
     };
     for (auto& j : evals_) consider(j.get());
-    if (active_) for (auto& j : active_->jobs) consider(j.get());
+    if (active_)
+      for (auto& j : active_->jobs) consider(j.get());
     if (!job) return;
     job->got[r.shard] = true;
-    if (r.end > model_size_ || r.begin > r.end || m.payload.size() != (r.end - r.begin) * sizeof(float)) {
+    if (r.end > model_size_ || r.begin > r.end ||
+        m.payload.size() != (r.end - r.begin) * sizeof(float)) {
       throw ProtocolError("shard " + std::to_string(r.shard) + " sent a reply of the wrong shape");
     }
     std::memcpy(job->params.data() + r.begin, m.payload.data(), m.payload.size());
@@ -548,11 +589,12 @@ class Fleet {
     for (std::size_t i = 0; i < col.clients.size(); ++i) {
       const std::uint32_t c = col.clients[i];
       const DeviceProfile p = profile(c);
-      const auto samples = samples_per_round(partition_[c].size(), options_.batch_size, options_.epochs,
-                                             options_.steps, options_.drop_last);
+      const auto samples = samples_per_round(partition_[c].size(), options_.batch_size,
+                                             options_.epochs, options_.steps, options_.drop_last);
       times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples)});
       sel[i].finish_s = times[i].total();
-      sel[i].silent = !is_online(p, seed_, c, col.round, sim_now_) || drops_out(p, seed_, c, col.round);
+      sel[i].silent =
+          !is_online(p, seed_, c, col.round, sim_now_) || drops_out(p, seed_, c, col.round);
     }
     const RoundPlan plan = plan_round(sel, k_, deadline_s_);
     active_.emplace();
@@ -618,7 +660,8 @@ class Fleet {
   }
 
   static bool completers_reported(const Active& a) {
-    for (std::size_t i = 0; i < a.completers; ++i) if (!a.jobs[i]->done) return false;
+    for (std::size_t i = 0; i < a.completers; ++i)
+      if (!a.jobs[i]->done) return false;
     return true;
   }
 
@@ -644,7 +687,8 @@ class Fleet {
     for (std::uint32_t i = 0; i < shards_.size(); ++i) {
       Envelope e;
       e.round = job.rs.round;
-      e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, job.rs.model_version};
+      e.body =
+          transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, job.rs.model_version};
       send(i, job.client, std::move(e));
     }
   }
@@ -655,10 +699,12 @@ class Fleet {
       transport::ClientReport r = base_report(job);
       char why[160];
       if (job.fate == Fate::kStraggler) {
-        std::snprintf(why, sizeof why, "could not push before the deadline (simulated finish %.1f s > %.1f s)",
+        std::snprintf(why, sizeof why,
+                      "could not push before the deadline (simulated finish %.1f s > %.1f s)",
                       job.time.total(), deadline_s_);
       } else {
-        std::snprintf(why, sizeof why, "the round closed before this update (simulated finish %.1f s)",
+        std::snprintf(why, sizeof why,
+                      "the round closed before this update (simulated finish %.1f s)",
                       job.time.total());
       }
       r.message = why;
@@ -690,7 +736,8 @@ class Fleet {
                             j->rs.model_version * 7919ULL + j->client;
           j->result = slot->trainer->train(train_, partition_[j->client], seed);
           const auto trained = slot->net->parameters();
-          for (std::size_t i = 0; i < j->params.size(); ++i) j->params[i] = trained[i] - j->params[i];
+          for (std::size_t i = 0; i < j->params.size(); ++i)
+            j->params[i] = trained[i] - j->params[i];
         }
         j->wall_train_s = seconds_since(t0);
       } catch (...) {
@@ -740,9 +787,15 @@ class Fleet {
       const auto& s = shards_[i];
       Envelope e;
       e.round = job.rs.round;
-      e.body = transport::Push{s.index, s.begin, s.end, partition_[job.client].size(),
-                               job.rs.model_version, transport::Encoding::kDenseF32,
-                               transport::PushKind::kDelta, static_cast<float>(job.result.mean_loss), 0,
+      e.body = transport::Push{s.index,
+                               s.begin,
+                               s.end,
+                               partition_[job.client].size(),
+                               job.rs.model_version,
+                               transport::Encoding::kDenseF32,
+                               transport::PushKind::kDelta,
+                               static_cast<float>(job.result.mean_loss),
+                               0,
                                s.end - s.begin};
       const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
       job.bytes_up += slice.size();
@@ -782,7 +835,9 @@ class Fleet {
   void release_reports() {
     while (!held_reports_.empty()) {
       const auto& [client, r] = held_reports_.front();
-      if (std::any_of(evals_.begin(), evals_.end(), [&](const auto& j) { return j->rs.round < r.round; })) return;
+      if (std::any_of(evals_.begin(), evals_.end(),
+                      [&](const auto& j) { return j->rs.round < r.round; }))
+        return;
       Envelope e;
       e.round = r.round;
       e.body = r;
@@ -843,7 +898,8 @@ class Fleet {
     evaluated_[job.rs.round] = job.eval;
     summary_.final_accuracy = job.eval.accuracy;
     summary_.final_loss = job.eval.loss;
-    evals_.erase(std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
+    evals_.erase(std::remove_if(evals_.begin(), evals_.end(),
+                                [&](const auto& j) { return j.get() == &job; }),
                  evals_.end());
     release_reports();
     flush_records(false);
@@ -856,8 +912,8 @@ class Fleet {
       auto it = records_.begin();
       RoundRecord& rec = it->second;
       const auto ev = evaluated_.find(it->first);
-      const bool eval_pending = std::any_of(evals_.begin(), evals_.end(),
-                                            [&](const auto& j) { return j->rs.round == it->first; });
+      const bool eval_pending = std::any_of(
+          evals_.begin(), evals_.end(), [&](const auto& j) { return j->rs.round == it->first; });
       const bool later_started = active_ || !collecting_.empty();
       if (ev == evaluated_.end() && !all && (eval_pending || !later_started)) return;
       if (ev != evaluated_.end()) {
@@ -898,13 +954,15 @@ class Fleet {
     metrics_.write("sim_round", f);
     if (csv_) {
       char line[512];
-      std::snprintf(line, sizeof line, "%llu,%llu,%d,%zu,%zu,%zu,%zu,%zu,%.9g,%s,%s,%llu,%llu,%.9g,%.9g,%.6f,%.6f,%.6f\n",
-                    static_cast<unsigned long long>(r.seq), static_cast<unsigned long long>(r.round_id),
-                    r.committed ? 1 : 0, r.selected, r.completed, r.cut, r.stragglers, r.silent, loss,
-                    r.evaluated ? std::to_string(r.test_loss).c_str() : "",
-                    r.evaluated ? std::to_string(r.test_accuracy).c_str() : "",
-                    static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(total_bytes_),
-                    r.sim_round_s, r.sim_total_s, r.wall_round_s, r.wall_train_s, wall);
+      std::snprintf(
+          line, sizeof line,
+          "%llu,%llu,%d,%zu,%zu,%zu,%zu,%zu,%.9g,%s,%s,%llu,%llu,%.9g,%.9g,%.6f,%.6f,%.6f\n",
+          static_cast<unsigned long long>(r.seq), static_cast<unsigned long long>(r.round_id),
+          r.committed ? 1 : 0, r.selected, r.completed, r.cut, r.stragglers, r.silent, loss,
+          r.evaluated ? std::to_string(r.test_loss).c_str() : "",
+          r.evaluated ? std::to_string(r.test_accuracy).c_str() : "",
+          static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(total_bytes_),
+          r.sim_round_s, r.sim_total_s, r.wall_round_s, r.wall_train_s, wall);
       csv_ << line;
       csv_.flush();
     }
@@ -950,8 +1008,9 @@ class Fleet {
       std::snprintf(buf, sizeof buf,
                     "round %llu/%llu | clients %zu/%zu | test loss %s | accuracy %s | %s | "
                     "simulated %s | wall %.0fs | ETA %.0fs",
-                    static_cast<unsigned long long>(round), static_cast<unsigned long long>(rounds_),
-                    reported, selected, loss.c_str(), acc.c_str(), human_bytes(static_cast<double>(total_bytes_)).c_str(),
+                    static_cast<unsigned long long>(round),
+                    static_cast<unsigned long long>(rounds_), reported, selected, loss.c_str(),
+                    acc.c_str(), human_bytes(static_cast<double>(total_bytes_)).c_str(),
                     human_duration(sim_now_).c_str(), wall, eta);
       line = buf;
     }
@@ -1038,9 +1097,11 @@ ConfigSchema sim_config_schema() {
     }
     s.add(o.key, o.default_value, help);
   }
-  s.add_section("train", "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
+  s.add_section("train",
+                "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
       .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
-      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options")
+      .add_section("server_optimizer",
+                   "server optimizer: name = \"sgd\" | \"fedavgm\" and its options")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
       .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
       .add("data.seed", std::int64_t{1}, "seed of the partition and of local shuffles")
@@ -1049,29 +1110,40 @@ ConfigSchema sim_config_schema() {
       .add("sim.seed", std::int64_t{1}, "seed of device profiles, availability and dropouts")
       .add("sim.wall_deadline_ms", std::int64_t{120000},
            "real-time deadline of the in-process coordinator: a round with a silent (offline or "
-           "dropped-out) client and fewer than K updates waits this long; must exceed a round's host time")
-      .add("sim.metrics_file", std::string("sim_metrics.jsonl"), "per-round JSON lines (simulated and wall_* times)")
-      .add("sim.csv_file", std::string("sim_metrics.csv"), "the same as CSV (--plot reads it); empty: none")
+           "dropped-out) client and fewer than K updates waits this long; must exceed a round's "
+           "host time")
+      .add("sim.metrics_file", std::string("sim_metrics.jsonl"),
+           "per-round JSON lines (simulated and wall_* times)")
+      .add("sim.csv_file", std::string("sim_metrics.csv"),
+           "the same as CSV (--plot reads it); empty: none")
       .add("sim.progress", true, "live progress line on stderr")
-      .add("sim.log_dir", std::string(""), "--processes: folder for the processes' logs and config (default: a new one under the temp dir)")
+      .add("sim.log_dir", std::string(""),
+           "--processes: folder for the processes' logs and config (default: a new one under the "
+           "temp dir)")
       .add("sim.profile_trace", std::string(""),
-           "CSV of devices (gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
+           "CSV of devices "
+           "(gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
            "client i gets row i mod rows; overrides profile.*")
-      .add("profile.gflops", std::string("10"), "training speed, GFLOP/s: X | uniform:A:B | lognormal:MEDIAN:SIGMA")
+      .add("profile.gflops", std::string("10"),
+           "training speed, GFLOP/s: X | uniform:A:B | lognormal:MEDIAN:SIGMA")
       .add("profile.uplink_mbps", std::string("10"), "uplink, Mbit/s (same forms)")
       .add("profile.downlink_mbps", std::string("50"), "downlink, Mbit/s (same forms)")
       .add("profile.latency_ms", std::string("50"), "one-way latency, ms (same forms)")
-      .add("profile.availability", std::string("always"), "always | diurnal:MIN:MAX (online probability over a simulated day)")
-      .add("profile.dropout", 0.0, "probability that a selected client drops out of the round (silent)");
+      .add("profile.availability", std::string("always"),
+           "always | diurnal:MIN:MAX (online probability over a simulated day)")
+      .add("profile.dropout", 0.0,
+           "probability that a selected client drops out of the round (silent)");
   return s;
 }
 
-Summary run_in_process(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+Summary run_in_process(const Config& config, const Registries& registries,
+                       const std::atomic<bool>& stop) {
   if (config.get_string("server.mode") != "federated") {
     throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
   }
   if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
-  const auto shards = static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
+  const auto shards =
+      static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
   static std::atomic<std::uint64_t> runs{0};
   const std::uint64_t run = ++runs;
   std::vector<std::string> urls;
@@ -1163,7 +1235,8 @@ std::string read_port(const std::filesystem::path& file, pid_t pid, const std::a
     std::string port;
     if (in >> port && !port.empty()) return port;
     int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) throw InternalError("a shard exited before binding (see its log)");
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      throw InternalError("a shard exited before binding (see its log)");
     std::this_thread::sleep_for(50ms);
   }
   throw TimeoutError("a shard did not write its port file within 30 s");
@@ -1171,7 +1244,8 @@ std::string read_port(const std::filesystem::path& file, pid_t pid, const std::a
 
 }  // namespace
 
-int run_processes(const Config& config, const std::filesystem::path& bin_dir, const std::atomic<bool>& stop) {
+int run_processes(const Config& config, const std::filesystem::path& bin_dir,
+                  const std::atomic<bool>& stop) {
   const auto n = config.get_int("sim.clients");
   constexpr std::int64_t kMaxProcesses = 200;
   if (n < 1 || n > kMaxProcesses) {
@@ -1180,11 +1254,13 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
   }
   const auto server_bin = bin_dir / "cohort-server", client_bin = bin_dir / "cohort-client";
   for (const auto& b : {server_bin, client_bin}) {
-    if (access(b.c_str(), X_OK) != 0) throw ConfigError("--processes needs " + b.string() + " (build it next to cohort-sim)");
+    if (access(b.c_str(), X_OK) != 0)
+      throw ConfigError("--processes needs " + b.string() + " (build it next to cohort-sim)");
   }
-  const auto dir = config.get_string("sim.log_dir").empty()
-                       ? std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()))
-                       : std::filesystem::path(config.get_string("sim.log_dir"));
+  const auto dir =
+      config.get_string("sim.log_dir").empty()
+          ? std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()))
+          : std::filesystem::path(config.get_string("sim.log_dir"));
   std::filesystem::create_directories(dir);
   // The server's keys of the simulation file, as a cohort-server configuration.
   const ConfigSchema schema = server::config_schema();
@@ -1194,10 +1270,18 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
       if (set_by_sim(o.key) || o.key == "server.shards") continue;
       Value v;
       switch (o.type) {
-        case ValueType::kBool: v = config.get_bool(o.key); break;
-        case ValueType::kInt: v = config.get_int(o.key); break;
-        case ValueType::kDouble: v = config.get_double(o.key); break;
-        case ValueType::kString: v = config.get_string(o.key); break;
+        case ValueType::kBool:
+          v = config.get_bool(o.key);
+          break;
+        case ValueType::kInt:
+          v = config.get_int(o.key);
+          break;
+        case ValueType::kDouble:
+          v = config.get_double(o.key);
+          break;
+        case ValueType::kString:
+          v = config.get_string(o.key);
+          break;
       }
       out << o.key << " = " << toml_value(v) << '\n';
     }
@@ -1210,7 +1294,8 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
         char* end = nullptr;
         d = std::strtod(text.c_str(), &end);
         (void)d;
-        const bool bare = (!text.empty() && end && *end == '\0') || text == "true" || text == "false";
+        const bool bare =
+            (!text.empty() && end && *end == '\0') || text == "true" || text == "false";
         out << section << '.' << name << " = " << (bare ? text : toml_value(text)) << '\n';
       }
     }
@@ -1229,25 +1314,28 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
                              std::to_string(shards), "--listen", "tcp://127.0.0.1:*", "--port-file",
                              (dir / "port-0").string()},
                             dir / "shard-0.log"));
-    const std::string coordinator = "tcp://127.0.0.1:" + read_port(dir / "port-0", servers[0], stop);
+    const std::string coordinator =
+        "tcp://127.0.0.1:" + read_port(dir / "port-0", servers[0], stop);
     for (std::int64_t i = 1; i < shards; ++i) {
-      servers.push_back(spawn({server_bin, "--config", cfg, "--insecure", "--shard", std::to_string(i),
-                               "--shards", std::to_string(shards), "--listen", "tcp://127.0.0.1:*",
-                               "--coordinator", coordinator, "--port-file", (dir / ("port-" + std::to_string(i))).string()},
-                              dir / ("shard-" + std::to_string(i) + ".log")));
+      servers.push_back(spawn(
+          {server_bin, "--config", cfg, "--insecure", "--shard", std::to_string(i), "--shards",
+           std::to_string(shards), "--listen", "tcp://127.0.0.1:*", "--coordinator", coordinator,
+           "--port-file", (dir / ("port-" + std::to_string(i))).string()},
+          dir / ("shard-" + std::to_string(i) + ".log")));
     }
     const int width = static_cast<int>(std::max<std::size_t>(5, std::to_string(n - 1).size()));
     for (std::int64_t i = 0; i < n; ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "c%0*lld", width, static_cast<long long>(i));
-      clients.push_back(spawn({client_bin, "--insecure", "--server", coordinator, "--name", name, "--data",
-                               config.get_string("data.partition"),
-                               "--part", std::to_string(i) + "/" + std::to_string(n),
-                               "--set", "data.dir=" + config.get_string("data.dir"),
-                               "--set", "data.seed=" + std::to_string(config.get_int("data.seed"))},
+      clients.push_back(spawn({client_bin, "--insecure", "--server", coordinator, "--name", name,
+                               "--data", config.get_string("data.partition"), "--part",
+                               std::to_string(i) + "/" + std::to_string(n), "--set",
+                               "data.dir=" + config.get_string("data.dir"), "--set",
+                               "data.seed=" + std::to_string(config.get_int("data.seed"))},
                               dir / (std::string(name) + ".log")));
     }
-    std::fprintf(stderr, "cohort-sim --processes: %lld shards and %lld clients on loopback; logs in %s\n",
+    std::fprintf(stderr,
+                 "cohort-sim --processes: %lld shards and %lld clients on loopback; logs in %s\n",
                  static_cast<long long>(shards), static_cast<long long>(n), dir.c_str());
     int status = 0;
     for (;;) {
@@ -1279,15 +1367,18 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir, co
 
 void plot(const std::filesystem::path& csv, const std::filesystem::path& png) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    throw ConfigError("--plot needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)");
+    throw ConfigError(
+        "--plot needs gnuplot, which is not installed (Debian: apt-get install gnuplot-nox)");
   }
-  if (!std::filesystem::exists(csv)) throw DataError("--plot: no metrics CSV at " + csv.string() + " (sim.csv_file)");
+  if (!std::filesystem::exists(csv))
+    throw DataError("--plot: no metrics CSV at " + csv.string() + " (sim.csv_file)");
   // Simulated time in the unit that suits the run's length (column 15: sim_seconds).
   double last_sim_s = 0;
   {
     std::ifstream in(csv);
     std::string line, last;
-    while (std::getline(in, line)) if (!line.empty()) last = line;
+    while (std::getline(in, line))
+      if (!line.empty()) last = line;
     std::stringstream cells(last);
     std::string cell;
     for (int col = 1; std::getline(cells, cell, ','); ++col) {
@@ -1309,11 +1400,15 @@ void plot(const std::filesystem::path& csv, const std::filesystem::path& png) {
         << "set xlabel 'round'\nset ylabel 'test accuracy'\nset key bottom right\n"
         << "plot '" << csv.string() << "' using 1:11 with linespoints title 'accuracy'\n"
         << "set ylabel 'loss'\nset key top right\n"
-        << "plot '" << csv.string() << "' using 1:9 with lines title 'train loss', '' using 1:10 with linespoints title 'test loss'\n"
-        << "set xlabel 'simulated time (" << unit << ")'\nset ylabel 'test accuracy'\nset key bottom right\n"
+        << "plot '" << csv.string()
+        << "' using 1:9 with lines title 'train loss', '' using 1:10 with linespoints title 'test "
+           "loss'\n"
+        << "set xlabel 'simulated time (" << unit
+        << ")'\nset ylabel 'test accuracy'\nset key bottom right\n"
         << "plot '" << csv.string() << "' using " << t << ":11 with linespoints title 'accuracy'\n"
         << "set ylabel 'loss'\nset key top right\n"
-        << "plot '" << csv.string() << "' using " << t << ":9 with lines title 'train loss', '' using " << t
+        << "plot '" << csv.string() << "' using " << t
+        << ":9 with lines title 'train loss', '' using " << t
         << ":10 with linespoints title 'test loss'\n"
         << "unset multiplot\n";
   }

@@ -17,7 +17,8 @@ std::vector<std::string> split(std::string_view text, char sep) {
   std::size_t start = 0;
   for (;;) {
     const auto pos = text.find(sep, start);
-    out.emplace_back(text.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
+    out.emplace_back(
+        text.substr(start, pos == std::string_view::npos ? std::string_view::npos : pos - start));
     if (pos == std::string_view::npos) return out;
     start = pos + 1;
   }
@@ -41,25 +42,31 @@ bool parse_number(const std::string& text, double& out) {
 }
 
 // A uniform draw that depends only on (seed, client, round, salt).
-double hashed_uniform(std::uint64_t seed, std::uint64_t client, std::uint64_t round, std::uint64_t salt) {
-  return Rng::for_stream(seed ^ (salt * 0x9e3779b97f4a7c15ULL), client * 0x100000001b3ULL + round).uniform();
+double hashed_uniform(std::uint64_t seed, std::uint64_t client, std::uint64_t round,
+                      std::uint64_t salt) {
+  return Rng::for_stream(seed ^ (salt * 0x9e3779b97f4a7c15ULL), client * 0x100000001b3ULL + round)
+      .uniform();
 }
 
 }  // namespace
 
 double Distribution::sample(Rng& rng) const {
   switch (kind) {
-    case Kind::kConst: return a;
-    case Kind::kUniform: return a + (b - a) * rng.uniform();
-    case Kind::kLogNormal: return a * std::exp(b * rng.normal());
+    case Kind::kConst:
+      return a;
+    case Kind::kUniform:
+      return a + (b - a) * rng.uniform();
+    case Kind::kLogNormal:
+      return a * std::exp(b * rng.normal());
   }
   return a;
 }
 
 Distribution parse_distribution(std::string_view spec, std::string_view key) {
   const auto fail = [&](const std::string& why) -> ConfigError {
-    return ConfigError(std::string(key) + " = \"" + std::string(spec) + "\": " + why +
-                       "; use X, const:X, uniform:A:B or lognormal:MEDIAN:SIGMA with positive numbers");
+    return ConfigError(
+        std::string(key) + " = \"" + std::string(spec) + "\": " + why +
+        "; use X, const:X, uniform:A:B or lognormal:MEDIAN:SIGMA with positive numbers");
   };
   const auto parts = split(spec, ':');
   std::vector<double> v;
@@ -117,13 +124,15 @@ DeviceProfile draw_profile(const ProfileSpec& spec, std::uint64_t seed, std::uin
 
 std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::string_view origin) {
   const auto lines = split(text, '\n');
-  const auto where = [&](std::size_t line) { return std::string(origin) + ":" + std::to_string(line + 1); };
+  const auto where = [&](std::size_t line) {
+    return std::string(origin) + ":" + std::to_string(line + 1);
+  };
   std::size_t first = 0;
   while (first < lines.size() && trim(lines[first]).empty()) ++first;
   if (first == lines.size()) throw DataError(std::string(origin) + ": empty device trace");
   const auto header = split(lines[first], ',');
-  const char* names[] = {"gflops", "uplink_mbps", "downlink_mbps", "latency_ms",
-                         "online_min", "online_max", "phase", "dropout"};
+  const char* names[] = {"gflops",     "uplink_mbps", "downlink_mbps", "latency_ms",
+                         "online_min", "online_max",  "phase",         "dropout"};
   constexpr std::size_t kRequired = 4;
   std::vector<int> column(std::size(names), -1);
   for (std::size_t c = 0; c < header.size(); ++c) {
@@ -137,7 +146,8 @@ std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::strin
     column[static_cast<std::size_t>(it - std::begin(names))] = static_cast<int>(c);
   }
   for (std::size_t k = 0; k < kRequired; ++k) {
-    if (column[k] < 0) throw DataError(where(first) + ": the header has no '" + names[k] + "' column");
+    if (column[k] < 0)
+      throw DataError(where(first) + ": the header has no '" + names[k] + "' column");
   }
   std::vector<DeviceProfile> out;
   for (std::size_t l = first + 1; l < lines.size(); ++l) {
@@ -151,25 +161,30 @@ std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::strin
     for (std::size_t k = 0; k < std::size(names); ++k) {
       if (column[k] < 0) continue;
       const std::string cell = trim(cells[static_cast<std::size_t>(column[k])]);
-      if (!parse_number(cell, v[k])) throw DataError(where(l) + ": " + names[k] + " '" + cell + "' is not a number");
+      if (!parse_number(cell, v[k]))
+        throw DataError(where(l) + ": " + names[k] + " '" + cell + "' is not a number");
     }
     DeviceProfile p{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
     if (!(p.gflops > 0 && p.uplink_mbps > 0 && p.downlink_mbps > 0 && p.latency_ms >= 0)) {
       throw DataError(where(l) + ": gflops and bandwidths must be positive, latency non-negative");
     }
-    if (!(p.online_min >= 0 && p.online_min <= p.online_max && p.online_max <= 1 && p.dropout >= 0 &&
-          p.dropout <= 1 && p.phase >= 0 && p.phase < 1)) {
-      throw DataError(where(l) + ": need 0 <= online_min <= online_max <= 1, 0 <= dropout <= 1, 0 <= phase < 1");
+    if (!(p.online_min >= 0 && p.online_min <= p.online_max && p.online_max <= 1 &&
+          p.dropout >= 0 && p.dropout <= 1 && p.phase >= 0 && p.phase < 1)) {
+      throw DataError(
+          where(l) +
+          ": need 0 <= online_min <= online_max <= 1, 0 <= dropout <= 1, 0 <= phase < 1");
     }
     out.push_back(p);
   }
-  if (out.empty()) throw DataError(std::string(origin) + ": the device trace has a header but no rows");
+  if (out.empty())
+    throw DataError(std::string(origin) + ": the device trace has a header but no rows");
   return out;
 }
 
 std::vector<DeviceProfile> read_profile_trace(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) throw DataError("cannot read the device trace " + path.string() + " (sim.profile_trace)");
+  if (!in)
+    throw DataError("cannot read the device trace " + path.string() + " (sim.profile_trace)");
   std::ostringstream text;
   text << in.rdbuf();
   return parse_profile_trace(text.str(), path.string());
@@ -178,7 +193,8 @@ std::vector<DeviceProfile> read_profile_trace(const std::filesystem::path& path)
 ClientTime client_time(const DeviceProfile& profile, const ClientWork& work) {
   ClientTime t;
   const double latency = profile.latency_ms / 1e3;
-  t.download_s = latency + static_cast<double>(work.bytes_down) * 8.0 / (profile.downlink_mbps * 1e6);
+  t.download_s =
+      latency + static_cast<double>(work.bytes_down) * 8.0 / (profile.downlink_mbps * 1e6);
   t.compute_s = work.flops / (profile.gflops * 1e9);
   t.upload_s = latency + static_cast<double>(work.bytes_up) * 8.0 / (profile.uplink_mbps * 1e6);
   return t;

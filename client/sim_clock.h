@@ -42,8 +42,8 @@ struct DeviceProfile {
   double latency_ms = 50.0;     // one way, added once per transfer direction
   double online_min = 1.0;      // diurnal availability: probability range over a day
   double online_max = 1.0;
-  double phase = 0.0;           // time zone as a fraction of a day, [0, 1)
-  double dropout = 0.0;         // probability of dropping out of a round it was selected for
+  double phase = 0.0;    // time zone as a fraction of a day, [0, 1)
+  double dropout = 0.0;  // probability of dropping out of a round it was selected for
   bool operator==(const DeviceProfile&) const = default;
 };
 
@@ -132,7 +132,7 @@ struct Selected {
 struct RoundPlan {
   std::vector<Fate> fate;  // one per Selected, same order
   std::size_t completes = 0;
-  double close_s = 0.0;    // simulated length of the round
+  double close_s = 0.0;  // simulated length of the round
 };
 
 // The coordinator's closing rule in simulated time (see the header comment). Ties in finish time

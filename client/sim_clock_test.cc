@@ -113,7 +113,8 @@ TEST_CASE("availability and dropout are fixed per (seed, client, round) and matc
 
 TEST_CASE("a CSV device trace gives each client a row, with errors naming the line") {
   const auto rows = parse_profile_trace(
-      "gflops, uplink_mbps,downlink_mbps,latency_ms,dropout\n1.5,2,8,30,0.1\n\n4,10,50,5,0\n", "t.csv");
+      "gflops, uplink_mbps,downlink_mbps,latency_ms,dropout\n1.5,2,8,30,0.1\n\n4,10,50,5,0\n",
+      "t.csv");
   REQUIRE(rows.size() == 2);
   CHECK(rows[0].gflops == 1.5);
   CHECK(rows[0].dropout == 0.1);
@@ -121,9 +122,11 @@ TEST_CASE("a CSV device trace gives each client a row, with errors naming the li
   CHECK(rows[1].downlink_mbps == 50);
   CHECK_THROWS_WITH_AS(parse_profile_trace("gflops,uplink_mbps,latency_ms\n1,2,3\n", "t.csv"),
                        doctest::Contains("downlink_mbps"), DataError);
-  CHECK_THROWS_WITH_AS(parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms\n1,2,x,3\n", "t.csv"),
-                       doctest::Contains("t.csv:2"), DataError);
-  CHECK_THROWS_AS(parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms\n", "t.csv"), DataError);
+  CHECK_THROWS_WITH_AS(
+      parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms\n1,2,x,3\n", "t.csv"),
+      doctest::Contains("t.csv:2"), DataError);
+  CHECK_THROWS_AS(parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms\n", "t.csv"),
+                  DataError);
 }
 
 }  // namespace

@@ -41,12 +41,13 @@ std::filesystem::path own_dir() {
 
 int main(int argc, char** argv) {
   const cohort::ConfigSchema schema = cohort::client::sim::sim_config_schema();
-  CLI::App app{"cohort-sim: simulates a federation in one process: the real server shards on\n"
-               "threads and sim.clients virtual clients behind multiplexed inproc:// sockets,\n"
-               "with device profiles (profile.*, or sim.profile_trace) driving a virtual clock.\n"
-               "Prints a progress line, writes sim.metrics_file (JSON lines) and sim.csv_file;\n"
-               "the coordinator's own per-round lines and server.metrics_file are cohort-server's.\n"
-               "Ready configurations: examples/sim/*.toml."};
+  CLI::App app{
+      "cohort-sim: simulates a federation in one process: the real server shards on\n"
+      "threads and sim.clients virtual clients behind multiplexed inproc:// sockets,\n"
+      "with device profiles (profile.*, or sim.profile_trace) driving a virtual clock.\n"
+      "Prints a progress line, writes sim.metrics_file (JSON lines) and sim.csv_file;\n"
+      "the coordinator's own per-round lines and server.metrics_file are cohort-server's.\n"
+      "Ready configurations: examples/sim/*.toml."};
   cohort::ConfigFlags flags;
   flags.log_level = "warn";  // per-client registration lines would drown the progress line
   bool processes = false;
@@ -69,24 +70,28 @@ int main(int argc, char** argv) {
       throw cohort::ConfigError("--plot reads sim.csv_file, which is empty");
     }
     if (!plot.empty() && processes) {
-      throw cohort::ConfigError("--plot draws the simulator's CSV; --processes writes none (see server.metrics_file)");
+      throw cohort::ConfigError(
+          "--plot draws the simulator's CSV; --processes writes none (see server.metrics_file)");
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     if (processes) return cohort::client::sim::run_processes(config, own_dir(), g_stop);
     const auto registries = cohort::builtin_registries();
     const auto s = cohort::client::sim::run_in_process(config, registries, g_stop);
-    std::printf("cohort-sim: %llu rounds (%llu committed), simulated %.1f s (%.2f h), wall %.1f s, "
-                "final accuracy %s, %.2f GB moved\n",
-                static_cast<unsigned long long>(s.rounds), static_cast<unsigned long long>(s.committed),
-                s.sim_seconds, s.sim_seconds / 3600, s.wall_seconds,
-                s.final_accuracy >= 0 ? (std::to_string(s.final_accuracy * 100).substr(0, 5) + "%").c_str() : "-",
-                static_cast<double>(s.bytes) / 1e9);
+    std::printf(
+        "cohort-sim: %llu rounds (%llu committed), simulated %.1f s (%.2f h), wall %.1f s, "
+        "final accuracy %s, %.2f GB moved\n",
+        static_cast<unsigned long long>(s.rounds), static_cast<unsigned long long>(s.committed),
+        s.sim_seconds, s.sim_seconds / 3600, s.wall_seconds,
+        s.final_accuracy >= 0 ? (std::to_string(s.final_accuracy * 100).substr(0, 5) + "%").c_str()
+                              : "-",
+        static_cast<double>(s.bytes) / 1e9);
     if (s.round_wall_seconds > 0) {
-      std::printf("cohort-sim: rounds took %.1f s of host time, %.1f s of it local training summed over "
-                  "threads (%.1f s per thread)\n",
-                  s.round_wall_seconds, s.train_wall_seconds,
-                  s.train_wall_seconds / static_cast<double>(std::max<std::size_t>(1, s.threads)));
+      std::printf(
+          "cohort-sim: rounds took %.1f s of host time, %.1f s of it local training summed over "
+          "threads (%.1f s per thread)\n",
+          s.round_wall_seconds, s.train_wall_seconds,
+          s.train_wall_seconds / static_cast<double>(std::max<std::size_t>(1, s.threads)));
     }
     if (!plot.empty()) {
       cohort::client::sim::plot(config.get_string("sim.csv_file"), plot);

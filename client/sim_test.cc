@@ -148,10 +148,12 @@ TEST_CASE("with a fixed profile the simulated round time is the closed form") {
             "profile.latency_ms=25", "server.round_deadline_ms=600000"});
   const Summary s = run(config);
   REQUIRE(s.committed == 2);
-  const double p = static_cast<double>(kernels::make_network_spec("mlp:784-16-10").parameter_count());
+  const double p =
+      static_cast<double>(kernels::make_network_spec("mlp:784-16-10").parameter_count());
   const double samples = 60000.0 / 20;  // IID parts of Fashion-MNIST, one epoch
-  const double bytes = 4 * p;             // one pull and one push of every shard's range
-  const double expected = (0.025 + bytes * 8 / 8e6) + 6 * p * samples / 2e9 + (0.025 + bytes * 8 / 4e6);
+  const double bytes = 4 * p;           // one pull and one push of every shard's range
+  const double expected =
+      (0.025 + bytes * 8 / 8e6) + 6 * p * samples / 2e9 + (0.025 + bytes * 8 / 4e6);
   const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
   REQUIRE(rounds.size() == 2);
   for (const auto& r : rounds) {
@@ -165,10 +167,16 @@ TEST_CASE("with a fixed profile the simulated round time is the closed form") {
 TEST_CASE("the same config and seed give the same metrics, wall-clock fields aside") {
   // Non-IID data, two shards, heterogeneous devices and over-selection (some updates are cut),
   // so the aggregation order and the cut both have to be reproducible.
-  const std::vector<std::string> overrides{
-      "sim.clients=60", "server.clients_per_round=8", "server.overselect=1.5", "server.rounds=3",
-      "server.shards=2", "data.partition=dirichlet:0.3", "profile.gflops=lognormal:2:0.8",
-      "profile.uplink_mbps=lognormal:5:1", "profile.latency_ms=uniform:10:200", "sim.seed=11"};
+  const std::vector<std::string> overrides{"sim.clients=60",
+                                           "server.clients_per_round=8",
+                                           "server.overselect=1.5",
+                                           "server.rounds=3",
+                                           "server.shards=2",
+                                           "data.partition=dirichlet:0.3",
+                                           "profile.gflops=lognormal:2:0.8",
+                                           "profile.uplink_mbps=lognormal:5:1",
+                                           "profile.latency_ms=uniform:10:200",
+                                           "sim.seed=11"};
   testing::TempDir a, b;
   const Summary sa = run(make_config(a, overrides));
   const Summary sb = run(make_config(b, overrides));
@@ -177,7 +185,8 @@ TEST_CASE("the same config and seed give the same metrics, wall-clock fields asi
   CHECK(sa.final_accuracy == sb.final_accuracy);
   const std::string ma = without_wall_clock(a.path() / "sim.jsonl");
   CHECK(ma == without_wall_clock(b.path() / "sim.jsonl"));
-  CHECK(without_wall_clock(a.path() / "server.jsonl") == without_wall_clock(b.path() / "server.jsonl"));
+  CHECK(without_wall_clock(a.path() / "server.jsonl") ==
+        without_wall_clock(b.path() / "server.jsonl"));
   const auto rounds = records(a.path() / "sim.jsonl", "sim_round");
   std::uint64_t cut = 0;
   for (const auto& r : rounds) cut += r["cut"].get<std::uint64_t>();
@@ -188,9 +197,10 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
   // A dropped-out client never answers; the real coordinator closes the round at its deadline
   // (sim.wall_deadline_ms) with the updates that did arrive, and commits them.
   testing::TempDir dir;
-  const Config config = make_config(
-      dir, {"sim.clients=30", "server.clients_per_round=10", "server.rounds=2", "profile.dropout=0.3",
-            "sim.wall_deadline_ms=3000", "server.round_deadline_ms=90000", "sim.seed=5"});
+  const Config config =
+      make_config(dir, {"sim.clients=30", "server.clients_per_round=10", "server.rounds=2",
+                        "profile.dropout=0.3", "sim.wall_deadline_ms=3000",
+                        "server.round_deadline_ms=90000", "sim.seed=5"});
   const Summary s = run(config);
   CHECK(s.committed == 2);
   const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
@@ -202,7 +212,8 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
     const auto& r = rounds[i];
     silent += r["silent"].get<std::uint64_t>();
     CHECK(r["completed"].get<std::uint64_t>() + r["silent"].get<std::uint64_t>() +
-              r["stragglers"].get<std::uint64_t>() == r["selected"].get<std::uint64_t>());
+              r["stragglers"].get<std::uint64_t>() ==
+          r["selected"].get<std::uint64_t>());
     CHECK(r["completed"].get<std::uint64_t>() >= 1);
     // The coordinator aggregated exactly the clients that stayed.
     CHECK(server_rounds[i]["clients"] == r["completed"]);
@@ -216,9 +227,9 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
 
 TEST_CASE("--processes runs the same configuration as cohort-server and cohort-client processes") {
   testing::TempDir dir;
-  const Config config = make_config(
-      dir, {"sim.clients=3", "server.clients_per_round=2", "server.rounds=2", "server.shards=2",
-            "sim.log_dir=" + (dir.path() / "logs").string()});
+  const Config config =
+      make_config(dir, {"sim.clients=3", "server.clients_per_round=2", "server.rounds=2",
+                        "server.shards=2", "sim.log_dir=" + (dir.path() / "logs").string()});
   std::atomic<bool> stop{false};
   CHECK(run_processes(config, COHORT_BIN_DIR, stop) == 0);  // every process is reaped on return
   const auto rounds = records(dir.path() / "server.jsonl", "round");
