@@ -249,6 +249,7 @@ int main(int argc, char** argv) {
       }
       while (!stop.load()) {
         for (auto* s : mine) {
+          if (stop.load()) break;
           try {
             s->step(counts);
           } catch (const cohort::Error&) {
@@ -277,11 +278,16 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(1s);
     rss.push_back(rss_kib(server));
   }
+  // Clients first (a send to a stopped shard would wait out the handshake timeout), then the shard.
+  stop = true;
+  for (auto& t : workers) t.join();
   ::kill(server, SIGTERM);
   int status = 0;
   for (int i = 0; i < 300 && ::waitpid(server, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(100ms);
-  stop = true;
-  for (auto& t : workers) t.join();
+  if (::waitpid(server, &status, WNOHANG) == 0) {
+    ::kill(server, SIGKILL);
+    ::waitpid(server, &status, 0);
+  }
 
   // The shard's side: updates folded in (debug log) and rounds counted (metrics).
   const std::string log = read_file(dir / "server.err");
