@@ -82,22 +82,25 @@ SERVER_KEYS = {
     "server.seed", "server.heartbeat_ms", "server.client_timeout_ms", "server.checkpoint_dir",
     "server.checkpoint_every", "server.metrics_file", "model.spec", "model.seed", "tls.insecure",
     "tls.ca_file", "tls.cert_file", "tls.key_file", "transport.chunk_kib", "transport.receive_queue",
+    "dp.clip", "dp.noise_multiplier", "dp.delta", "dp.seed",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",
     "client.backoff_max_ms", "client.step_delay_ms", "data.dir", "data.partition", "data.part",
     "data.seed", "tls.insecure", "tls.ca_file", "tls.cert_file", "tls.key_file",
-    "transport.chunk_kib",
+    "transport.chunk_kib", "client.mode", "client.attack", "client.attack_scale", "client.dp_clip",
+    "peer.listen", "peer.advertise", "peer.handshake_timeout_ms",
 }
-# Plug-in sections (any key, checked by the plug-in at start-up): the server's only.
-SERVER_SECTIONS = {"train", "aggregator", "server_optimizer"}
+# Plug-in sections (any key, checked by the plug-in at start-up).
+SERVER_SECTIONS = {"train", "aggregator", "server_optimizer", "decentralized"}
+CLIENT_SECTIONS = {"compressor"}
 # [train] options the clients accept (client/trainer.cc, trainer_options_from).
 TRAIN_KEYS = {
     "batch_size", "epochs", "steps", "drop_last", "optimizer", "lr", "momentum", "nesterov",
     "weight_decay", "beta1", "beta2", "epsilon", "lr_schedule", "prox_mu", "reset_optimizer_state",
     "eval_batch_size", "device", "threads",
 }
-SERVER_MODES = {"federated", "fedbuff", "dataparallel"}
+SERVER_MODES = {"federated", "fedbuff", "dataparallel", "decentralized"}
 # Keys of the guessed contract that the binaries do not have, with what to do instead.
 REMOVED_KEYS = {
     "server.metrics_port": "cohort-server has no metrics port or HTTP endpoint (metrics are the "
@@ -231,6 +234,8 @@ def key_problem(key, role):
             return None
         known = SERVER_KEYS
     else:
+        if section in CLIENT_SECTIONS:
+            return None
         known = CLIENT_KEYS
     if key not in known:
         return f"{key} is not a cohort-{role} configuration key (unknown keys are errors at start-up)"
@@ -1128,7 +1133,7 @@ HELP_SECTION = re.compile(r"^  ([a-z_]+)\.\*  ", re.M)
 
 
 def check_help_keys(real):
-    for role, known, sections in (("server", SERVER_KEYS, SERVER_SECTIONS), ("client", CLIENT_KEYS, set())):
+    for role, known, sections in (("server", SERVER_KEYS, SERVER_SECTIONS), ("client", CLIENT_KEYS, CLIENT_SECTIONS)):
         r = subprocess.run([real[role], "--help"], capture_output=True, text=True, timeout=30)
         if not R.check(r.returncode == 0, f"cohort-{role} --help failed ({r.returncode}): {r.stderr.strip()}"):
             continue
