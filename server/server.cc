@@ -360,7 +360,7 @@ class Shard {
         return true;
       }
       if (aggregator_->accept({t.client, offset, values, t.weight}) == aggregation::Verdict::kRejected) {
-        why = "update refused (non-finite values or bad shape)";
+        why = "non-finite values or bad shape";
         return false;
       }
       return true;
@@ -386,7 +386,7 @@ class Shard {
       // S per shard (S sqrt(shards) in all); one that clipped is unchanged.
       if (dp_clip_ > 0) (void)aggregation::clip_l2(t.whole.span(), dp_clip_);
       if (aggregator_->accept({t.client, 0, t.whole.span(), t.weight}) == aggregation::Verdict::kRejected) {
-        why = "update refused (non-finite values or bad shape)";
+        why = "non-finite values or bad shape";
         ok = false;
       }
     }
