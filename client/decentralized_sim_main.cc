@@ -4,6 +4,7 @@
 //
 //   cohort-decentralized-sim --nodes 16 --topology ring --partition dirichlet:0.1 \
 //       --algos dpsgd,dsgdm,qg_dsgdm --steps 1500 --lr 0.05
+//   cohort-decentralized-sim --config examples/sim/decentralized_ring.toml
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -64,6 +65,9 @@ int main(int argc, char** argv) {
                  "asynchronous gossip with this staleness bound (0: sync)");
   app.add_option("--eval-every", eval_every,
                  "also print the average model's accuracy every K steps");
+  // Every option can also come from a TOML file (key = the option's long name, e.g. nodes = 16);
+  // flags on the command line win. examples/sim/decentralized_ring.toml is one.
+  app.set_config("--config", "", "read options from a TOML file (keys: the long option names)");
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Warn);
