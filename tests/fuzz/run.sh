@@ -25,9 +25,14 @@ for t in "${targets[@]}"; do
   if [ "${COHORT_FUZZ_REPLAY_ONLY:-0}" = "1" ]; then continue; fi
   mkdir -p "$build/corpus/$t" "$build/findings/$t"
   echo "== $t: fuzzing for ${seconds}s"
+  log="$build/fuzz-$t.log"
   "$build/bin/$t" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -max_len=65536 \
-    -print_final_stats=1 -artifact_prefix="$build/findings/$t/" "$build/corpus/$t" "$seeds" 2>&1 |
-    grep -E '^(#[0-9]+ +(INITED|DONE|pulse)|==|SUMMARY|stat::|Done|artifact_prefix|.*ERROR)' || true
+    -print_final_stats=1 -artifact_prefix="$build/findings/$t/" "$build/corpus/$t" "$seeds" \
+    > "$log" 2>&1 || true
+  # The seeds' coverage, the last coverage reached, the totals, and any report.
+  grep -E '^#[0-9]+[[:space:]]+INITED' "$log" || true
+  grep -E '^#[0-9]+[[:space:]].*cov:' "$log" | tail -1 || true
+  grep -E '^(==|SUMMARY|stat::(number_of_executed_units|average_exec_per_sec|new_units_added)|.*ERROR)' "$log" || true
   if [ -n "$(ls -A "$build/findings/$t")" ]; then
     echo "fuzz: $t found a crash: $(ls "$build/findings/$t")" >&2
     exit 1
