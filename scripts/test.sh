@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the build needs, builds Cohort (Release, CUDA when nvcc is found), runs every test
 # with CTest, installs it and runs examples/custom_aggregator against the installed package, then
-# rebuilds the wire-facing tests under AddressSanitizer + UBSan and runs them.
+# runs the suite again under AddressSanitizer + UBSan, the transport and server tests under
+# ThreadSanitizer, and the libFuzzer targets (corpus replay plus a short fuzz of each).
 # Usage: ./scripts/test.sh            (what CI runs)
-#        COHORT_TEST_SKIP_ASAN=1 ./scripts/test.sh   (faster local loop)
+#        COHORT_TEST_SKIP_ASAN=1 COHORT_TEST_SKIP_TSAN=1 COHORT_TEST_SKIP_FUZZ=1 ./scripts/test.sh
+#                                     (faster local loop)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -22,12 +24,31 @@ cmake --install build --prefix build/install
 examples/custom_aggregator/run.sh --prefix build/install --build build/custom_aggregator
 
 if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
-  # Malformed input must never crash a node: the decoder and transport tests again, sanitized.
+  # The test suite again under AddressSanitizer + UBSan: every unit, process and fault test but
+  # the network-namespace ones (root) and the benchmark-driven integration binary, whose RSS and
+  # round-deadline figures mean nothing at ASan's speed and memory (both run in the Release pass).
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
     -DCOHORT_SANITIZE=address,undefined -DCOHORT_BUILD_BENCH=OFF
-  cmake --build build-asan -j "$jobs" --target cohort_core_tests cohort_transport_tests \
-    cohort_transport_security_tests cohort-transport-demo cohort-keygen
+  cmake --build build-asan -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --timeout 600 \
-    -R '^(cohort_core_tests|cohort_transport_tests|cohort_transport_security_tests)$'
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -j 1 -LE root
+fi
+
+if [ "${COHORT_TEST_SKIP_TSAN:-0}" != "1" ]; then
+  # ThreadSanitizer over the transport and a real server with clients (the bad-input tests).
+  # libzmq is not built with TSan: tests/sanitizers/tsan.supp silences reports inside it only.
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
+    -DCOHORT_SANITIZE=thread -DCOHORT_BUILD_BENCH=OFF
+  cmake --build build-tsan -j "$jobs" --target cohort_transport_tests cohort_transport_security_tests \
+    cohort_checkpoint_tests cohort_bad_input_tests cohort-server cohort-client cohort-transport-demo \
+    cohort-keygen
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
+    ctest --test-dir build-tsan --output-on-failure --timeout 900 -j 1 \
+    -R '^(cohort_transport_tests|cohort_transport_security_tests|cohort_checkpoint_tests|cohort_bad_input_tests)$'
+fi
+
+if [ "${COHORT_TEST_SKIP_FUZZ:-0}" != "1" ]; then
+  # The fuzz targets (clang, libFuzzer) replay the committed corpus, then fuzz 10 s each.
+  COHORT_FUZZ_SECONDS=${COHORT_FUZZ_SECONDS:-10}
+  tests/fuzz/run.sh "$COHORT_FUZZ_SECONDS"
 fi
