@@ -24,5 +24,10 @@ TEST_CASE("a shard's peak RSS stays under 3x the model plus a fixed overhead whi
   const double model_mib = j["model_bytes"].get<double>() / (1 << 20);
   const double peak_mib = j["peak_rss_mib"].get<double>();
   constexpr double kFixedOverheadMib = 128;  // libraries, thread stacks, pools, start-up init
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's shadow memory and free quarantine multiply a process's RSS: the bound is for real builds.
+  MESSAGE("AddressSanitizer build: peak " << peak_mib << " MiB reported, the RSS bound not checked");
+#else
   CHECK(peak_mib < 3 * model_mib + kFixedOverheadMib);
+#endif
 }
