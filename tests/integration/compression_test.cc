@@ -39,19 +39,6 @@ std::vector<nlohmann::json> run_compressed(const std::vector<std::string>& compr
   return f.records("round");
 }
 
-// The whole model as the shards last checkpointed it, concatenated in shard order.
-std::vector<float> checkpointed_model(const Federation& f, int shards) {
-  std::vector<float> out;
-  for (int i = 0; i < shards; ++i) {
-    cohort::server::CheckpointStore store(f.checkpoint_dir(), "shard-" + std::to_string(i));
-    auto state = store.load_latest();
-    REQUIRE(state.has_value());
-    REQUIRE(state->begin == out.size());
-    out.insert(out.end(), state->params.begin(), state->params.end());
-  }
-  return out;
-}
-
 // The model after one round of 3 clients on 2 shards with `extra` server and client flags.
 std::vector<float> one_round(const std::vector<std::string>& server_extra,
                              const std::vector<std::string>& client_extra) {
@@ -63,7 +50,7 @@ std::vector<float> one_round(const std::vector<std::string>& server_extra,
   for (int i = 0; i < 3; ++i) f.client_extra[i] = client_extra;
   f.start();
   REQUIRE(f.wait(120s) == 0);
-  return checkpointed_model(f, 2);
+  return f.checkpointed_model();
 }
 
 }  // namespace

@@ -15,23 +15,6 @@
 using namespace std::chrono_literals;
 using cohort::test::Federation;
 
-namespace {
-
-// The whole model as the shards last checkpointed it, concatenated in shard order.
-std::vector<float> final_model(const Federation& f, int shards) {
-  std::vector<float> out;
-  for (int i = 0; i < shards; ++i) {
-    cohort::server::CheckpointStore store(f.checkpoint_dir(), "shard-" + std::to_string(i));
-    auto state = store.load_latest();
-    REQUIRE(state.has_value());
-    REQUIRE(state->begin == out.size());
-    out.insert(out.end(), state->params.begin(), state->params.end());
-  }
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("BSP data-parallel equals a single-process run of the same steps") {
   constexpr int kWorkers = 2, kSteps = 8, kBatch = 32;
   constexpr float kLr = 0.05f;
@@ -41,7 +24,7 @@ TEST_CASE("BSP data-parallel equals a single-process run of the same steps") {
                              "--train.batch_size=" + std::to_string(kBatch), "--server.eval_every=0"});
   f.start();
   REQUIRE(f.wait(180s) == 0);
-  const auto server = final_model(f, 2);
+  const auto server = f.checkpointed_model();
 
   // The same steps in one process: every worker's batch gradient at x, summed in worker order.
   auto data = cohort::client::load_fashion_mnist();
@@ -118,7 +101,7 @@ TEST_CASE("FedBuff with zero staleness and K = cohort size takes exactly a FedAv
                              "--server.max_staleness=0"}));
   buf.start();
   REQUIRE(buf.wait(180s) == 0);
-  const auto a = final_model(avg, 1), b = final_model(buf, 1);
+  const auto a = avg.checkpointed_model(), b = buf.checkpointed_model();
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(static_cast<double>(a[i] - b[i])));

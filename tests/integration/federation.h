@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/server/checkpoint.h"
 #include "cohort/transport/security/keygen.h"
 #include "process.h"
 
@@ -98,6 +99,19 @@ class Federation {
   Process& server(int i) { return servers_[static_cast<std::size_t>(i)]; }
   std::string metrics() const { return dir_.file("metrics.jsonl"); }
   std::string checkpoint_dir() const { return dir_.file("ckpt"); }
+
+  // The whole model as the shards last checkpointed it, concatenated in shard order.
+  std::vector<float> checkpointed_model() const {
+    std::vector<float> out;
+    for (int i = 0; i < shards_; ++i) {
+      server::CheckpointStore store(checkpoint_dir(), "shard-" + std::to_string(i));
+      auto state = store.load_latest();
+      REQUIRE(state.has_value());
+      REQUIRE(state->begin == out.size());
+      out.insert(out.end(), state->params.begin(), state->params.end());
+    }
+    return out;
+  }
 
   std::vector<nlohmann::json> records(const std::string& event) const {
     std::vector<nlohmann::json> out;
