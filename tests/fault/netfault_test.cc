@@ -183,9 +183,13 @@ TEST_CASE("50 +- 10 ms delay, 1% loss, 10 Mbit/s links: a federation over TLS co
 TEST_CASE("a client's link cut mid-round: the round closes at its deadline, the client rejoins later") {
   if (skip_without_lab()) return;
   NetLab lab;
-  NetFederation f(lab, 3, {"--server.rounds=5", "--server.clients_per_round=3", "--server.min_clients=3",
-                           "--server.min_updates=2", "--server.round_deadline_ms=10000",
-                           "--server.client_timeout_ms=120000", "--train.epochs=3"});
+  // Enough rounds after the restore (each takes ~0.15 s on an idle machine) for client-2 to get
+  // through its reconnect backoff (client.backoff_max_ms, 5 s) and be selected again.
+  constexpr std::size_t kRounds = 40;
+  NetFederation f(lab, 3, {"--server.rounds=" + std::to_string(kRounds), "--server.clients_per_round=3",
+                           "--server.min_clients=3", "--server.min_updates=2",
+                           "--server.round_deadline_ms=10000", "--server.client_timeout_ms=120000",
+                           "--train.epochs=3"});
   f.start();
   auto joined = [&](int i) {
     return f.clients[static_cast<std::size_t>(i)].stderr_text().find("joined") != std::string::npos;
@@ -202,11 +206,12 @@ TEST_CASE("a client's link cut mid-round: the round closes at its deadline, the 
   lab.restore("client-2");
   REQUIRE(f.wait(300s) == 0);
   const auto rounds = records(f.metrics(), "round");
-  REQUIRE(rounds.size() == 5);
+  REQUIRE(rounds.size() == kRounds);
   // Back on line, client-2 is selected again and its update counts in a later round.
   bool rejoined = false;
   for (std::size_t i = 1; i < rounds.size(); ++i) rejoined = rejoined || rounds[i]["clients"] == 3;
   CHECK(rejoined);
+  if (!rejoined) f.dump();
   const auto applied = applied_updates(f.server->stderr_text());
   CHECK(applied.count({"client-2", 1}) == 0);
   int later = 0;
