@@ -32,16 +32,23 @@ void FedOpt::reset(std::size_t size) {
 }
 
 void FedOpt::apply_delta(std::span<float> params, std::span<const float> delta) {
-  step(params, delta, 1.0);
+  COHORT_CHECK(delta.size() == m_.size()) << "delta " << delta.size() << ", state " << m_.size();
+  step_range(0, params, delta, 1.0, next_step());
 }
 
 void FedOpt::apply_gradient(std::span<float> params, std::span<const float> gradient) {
-  step(params, gradient, -1.0);  // Delta = -g (ALGORITHMS.md section 0)
+  COHORT_CHECK(gradient.size() == m_.size()) << "gradient " << gradient.size() << ", state " << m_.size();
+  step_range(0, params, gradient, -1.0, next_step());  // Delta = -g (ALGORITHMS.md section 0)
 }
 
-void FedOpt::step(std::span<float> params, std::span<const float> direction, double sign) {
-  COHORT_CHECK(params.size() == direction.size() && direction.size() == m_.size())
-      << "params " << params.size() << ", delta " << direction.size() << ", state " << m_.size();
+void FedOpt::begin_gradient_step() { step_lr_ = next_step(); }
+
+void FedOpt::apply_gradient_range(std::size_t offset, std::span<float> params,
+                                  std::span<const float> gradient) {
+  step_range(offset, params, gradient, -1.0, step_lr_);
+}
+
+double FedOpt::next_step() {
   const auto& o = options_;
   const double t = static_cast<double>(step_[0]) + 1.0;
   step_[0] = static_cast<float>(t);
@@ -49,12 +56,21 @@ void FedOpt::step(std::span<float> params, std::span<const float> direction, dou
   if (o.bias_correction && o.variant == FedOptOptions::Variant::kAdam) {
     lr *= std::sqrt(1.0 - std::pow(o.beta2, t)) / (1.0 - std::pow(o.beta1, t));
   }
+  return lr;
+}
+
+void FedOpt::step_range(std::size_t offset, std::span<float> params,
+                        std::span<const float> direction, double sign, double lr) {
+  COHORT_CHECK(params.size() == direction.size() && offset + direction.size() <= m_.size())
+      << "params " << params.size() << ", delta " << direction.size() << " at " << offset
+      << ", state " << m_.size();
+  const auto& o = options_;
   const double b1 = o.beta1, b2 = o.beta2, tau = o.tau;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const double d = sign * static_cast<double>(direction[i]);
     const double d2 = d * d;
-    const double m = b1 * m_[i] + (1.0 - b1) * d;
-    double v = v_[i];
+    const double m = b1 * m_[offset + i] + (1.0 - b1) * d;
+    double v = v_[offset + i];
     switch (o.variant) {
       case FedOptOptions::Variant::kAdagrad:
         v += d2;
@@ -66,8 +82,8 @@ void FedOpt::step(std::span<float> params, std::span<const float> direction, dou
         v = b2 * v + (1.0 - b2) * d2;
         break;
     }
-    m_[i] = static_cast<float>(m);
-    v_[i] = static_cast<float>(v);
+    m_[offset + i] = static_cast<float>(m);
+    v_[offset + i] = static_cast<float>(v);
     params[i] = static_cast<float>(params[i] + lr * m / (std::sqrt(v) + tau));
   }
 }

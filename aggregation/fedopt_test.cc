@@ -127,3 +127,52 @@ TEST_CASE("fedopt options are validated; unknown keys are named") {
   CHECK(x[0] == 1.0f);
   CHECK(x[1] == 1.0f);
 }
+
+TEST_CASE("piecewise stepping (elementwise rules) equals one apply_gradient, bit for bit") {
+  const std::size_t n = 1000;
+  for (const char* name : {"sgd", "fedavgm", "fedadagrad", "fedyogi", "fedadam"}) {
+    CAPTURE(name);
+    std::map<std::string, cohort::Value, std::less<>> opts{{"lr", 0.05}};
+    if (std::string(name) == "fedadam") opts["bias_correction"] = true;
+    auto whole = make(name, opts);
+    auto pieces = make(name, opts);
+    REQUIRE(whole->elementwise());
+    REQUIRE(pieces->elementwise());
+    whole->reset(n);
+    pieces->reset(n);
+    std::vector<float> xa(n), xb(n), g(n);
+    for (std::size_t i = 0; i < n; ++i) xa[i] = xb[i] = std::sin(static_cast<float>(i));
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < n; ++i) g[i] = std::cos(static_cast<float>(i * (step + 2)));
+      whole->apply_gradient(xa, g);
+      pieces->begin_gradient_step();
+      // Uneven pieces, out of order: the shard may apply them on any thread, in any order.
+      const std::size_t cuts[] = {0, 7, 300, 301, 999, n};
+      for (int k = 4; k >= 0; --k) {
+        const std::size_t b = cuts[k], e = cuts[k + 1];
+        pieces->apply_gradient_range(b, std::span<float>(xb).subspan(b, e - b),
+                                     std::span<const float>(g).subspan(b, e - b));
+      }
+    }
+    CHECK(xa == xb);
+    auto sa = whole->state();
+    auto sb = pieces->state();
+    REQUIRE(sa.size() == sb.size());
+    for (std::size_t k = 0; k < sa.size(); ++k) {
+      CHECK(std::vector<float>(sa[k].second.begin(), sa[k].second.end()) ==
+            std::vector<float>(sb[k].second.begin(), sb[k].second.end()));
+    }
+  }
+}
+
+TEST_CASE("a rule that is not elementwise refuses piecewise stepping with a clear error") {
+  struct Whole final : ServerOptimizer {
+    void reset(std::size_t) override {}
+    void apply_delta(std::span<float>, std::span<const float>) override {}
+    void apply_gradient(std::span<float>, std::span<const float>) override {}
+    std::vector<std::pair<std::string, std::span<float>>> state() override { return {}; }
+  } w;
+  CHECK_FALSE(w.elementwise());
+  std::vector<float> x(4), g(4);
+  CHECK_THROWS_WITH_AS(w.apply_gradient_range(0, x, g), doctest::Contains("elementwise"), cohort::Error);
+}

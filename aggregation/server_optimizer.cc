@@ -17,10 +17,18 @@ class ServerSgd final : public ServerOptimizer {
     for (std::size_t i = 0; i < params.size(); ++i) params[i] += lr_ * delta[i];
   }
   void apply_gradient(std::span<float> params, std::span<const float> gradient) override {
-    COHORT_CHECK(params.size() == gradient.size());
-    for (std::size_t i = 0; i < params.size(); ++i) params[i] -= lr_ * gradient[i];
+    apply_gradient_range(0, params, gradient);
   }
   std::vector<std::pair<std::string, std::span<float>>> state() override { return {}; }
+  bool elementwise() const override { return true; }
+  void apply_gradient_range(std::size_t, std::span<float> params,
+                            std::span<const float> gradient) override {
+    COHORT_CHECK(params.size() == gradient.size());
+    float* __restrict x = params.data();
+    const float* __restrict g = gradient.data();
+    const float lr = lr_;
+    for (std::size_t i = 0; i < params.size(); ++i) x[i] -= lr * g[i];
+  }
 
  private:
   float lr_;
@@ -39,14 +47,23 @@ class ServerMomentum final : public ServerOptimizer {
     }
   }
   void apply_gradient(std::span<float> params, std::span<const float> gradient) override {
-    COHORT_CHECK(params.size() == gradient.size() && gradient.size() == v_.size());
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      v_[i] = beta_ * v_[i] + gradient[i];
-      params[i] -= lr_ * v_[i];
-    }
+    COHORT_CHECK(gradient.size() == v_.size());
+    apply_gradient_range(0, params, gradient);
   }
   std::vector<std::pair<std::string, std::span<float>>> state() override {
     return {{"momentum", v_.span()}};
+  }
+  bool elementwise() const override { return true; }
+  void apply_gradient_range(std::size_t offset, std::span<float> params,
+                            std::span<const float> gradient) override {
+    COHORT_CHECK(params.size() == gradient.size() && offset + gradient.size() <= v_.size());
+    float* __restrict x = params.data();
+    float* __restrict v = v_.data() + offset;
+    const float* __restrict g = gradient.data();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      v[i] = beta_ * v[i] + g[i];
+      x[i] -= lr_ * v[i];
+    }
   }
 
  private:
@@ -55,6 +72,10 @@ class ServerMomentum final : public ServerOptimizer {
 };
 
 }  // namespace
+
+void ServerOptimizer::apply_gradient_range(std::size_t, std::span<float>, std::span<const float>) {
+  throw Error("this server optimizer cannot step piecewise (elementwise() is false)");
+}
 
 void add_builtin_server_optimizers(ServerOptimizerRegistry& registry) {
   registry.add("sgd", [](const ConfigSection& o) {

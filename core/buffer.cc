@@ -56,12 +56,22 @@ struct PooledBuffer::Block {
   std::byte* memory = nullptr;
   std::size_t capacity = 0;
   std::weak_ptr<BufferPool> pool;
+  ReleaseFn release = nullptr;  // wrapped memory: hands it back to its owner
+  void* owner = nullptr;
 
-  Block(std::size_t cap, std::weak_ptr<BufferPool> owner)
-      : memory(static_cast<std::byte*>(aligned_bytes(cap))), capacity(cap), pool(std::move(owner)) {
+  Block(std::size_t cap, std::weak_ptr<BufferPool> owner_pool)
+      : memory(static_cast<std::byte*>(aligned_bytes(cap))), capacity(cap), pool(std::move(owner_pool)) {
     std::memset(memory, 0, cap);  // first touch now, not on the hot path
   }
-  ~Block() { std::free(memory); }
+  Block(std::byte* data, std::size_t size, ReleaseFn fn, void* who)
+      : memory(data), capacity(size), release(fn), owner(who) {}
+  ~Block() {
+    if (release != nullptr) {
+      release(owner);
+    } else {
+      std::free(memory);
+    }
+  }
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;
 };
@@ -96,6 +106,11 @@ void PooledBuffer::resize(std::size_t size) {
   size_ = size;
 }
 
+PooledBuffer PooledBuffer::wrap(std::byte* data, std::size_t size, ReleaseFn release, void* owner) {
+  COHORT_CHECK(release != nullptr) << "PooledBuffer::wrap needs a release function";
+  return PooledBuffer(std::make_unique<Block>(data, size, release, owner), size);
+}
+
 void* PooledBuffer::detach() {
   size_ = 0;
   return block_.release();
@@ -103,7 +118,7 @@ void* PooledBuffer::detach() {
 
 void PooledBuffer::release_detached(void* handle) noexcept {
   std::unique_ptr<Block> block(static_cast<Block*>(handle));
-  if (!block) return;
+  if (!block || block->release != nullptr) return;  // wrapped memory goes back to its owner
   if (auto pool = block->pool.lock()) pool->give_back(std::move(block));
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 TEST_CASE("FloatBuffer is aligned, zeroed and resizes keeping its prefix") {
   cohort::FloatBuffer b(1000);
@@ -69,4 +70,34 @@ TEST_CASE("BufferPool caches at most its limit") {
     auto b = pool->acquire(8192);
   }
   CHECK(pool->stats().cached_bytes == 8192);
+}
+
+TEST_CASE("a wrapped buffer lends foreign memory and releases it exactly once, on any path") {
+  static int released = 0;
+  released = 0;
+  std::vector<std::byte> memory(100, std::byte{7});
+  auto release = [](void* owner) noexcept {
+    ++released;
+    static_cast<std::vector<std::byte>*>(owner)->clear();
+  };
+  {
+    auto w = cohort::PooledBuffer::wrap(memory.data(), memory.size(), release, &memory);
+    CHECK(w.size() == 100);
+    CHECK(w.capacity() == 100);
+    CHECK(w.data() == memory.data());
+    cohort::PooledBuffer moved = std::move(w);
+    CHECK(w.empty());
+    CHECK(released == 0);
+  }
+  CHECK(released == 1);
+  CHECK(memory.empty());
+
+  // Detached (a zero-copy send) and released from another thread: back to its owner, not a pool.
+  memory.assign(64, std::byte{1});
+  auto pool = cohort::BufferPool::create();
+  auto d = cohort::PooledBuffer::wrap(memory.data(), memory.size(), release, &memory);
+  void* handle = d.detach();
+  std::thread([handle] { cohort::PooledBuffer::release_detached(handle); }).join();
+  CHECK(released == 2);
+  CHECK(pool->stats().cached_bytes == 0);
 }

@@ -53,6 +53,18 @@ bool copy_finite(std::span<const float> src, std::span<float> dst) {
   return bad == 0;
 }
 
+bool all_finite(std::span<const float> x) {
+  constexpr std::uint32_t kExponent = 0x7f800000u;
+  std::uint32_t bad = 0;
+  const float* s = x.data();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, s + i, sizeof bits);
+    bad |= static_cast<std::uint32_t>((bits & kExponent) == kExponent);
+  }
+  return bad == 0;
+}
+
 double dot(std::span<const float> x, std::span<const float> y) {
   detail::check_size("dot", x.size(), y.size());
   return map(x).cast<double>().dot(map(y).cast<double>());

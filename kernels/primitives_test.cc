@@ -20,6 +20,7 @@ TEST_CASE("copy_finite copies everything and flags NaN, +Inf and -Inf anywhere")
   src[8] = std::numeric_limits<float>::denorm_min();
   std::vector<float> dst(src.size());
   CHECK(copy_finite(src, dst));
+  CHECK(all_finite(src));
   CHECK(dst == src);
   for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
                     -std::numeric_limits<float>::infinity()}) {
@@ -28,6 +29,7 @@ TEST_CASE("copy_finite copies everything and flags NaN, +Inf and -Inf anywhere")
       s[at] = bad;
       std::fill(dst.begin(), dst.end(), 0.0f);
       CHECK_FALSE(copy_finite(s, dst));
+      CHECK_FALSE(all_finite(s));
       CHECK(dst[at + (at == 0 ? 1 : -1)] == s[at + (at == 0 ? 1 : -1)]);
     }
   }

@@ -465,16 +465,36 @@ class Shard {
                                                    ", expected " + std::to_string(clocks_[m.sender]);
       if (!why.empty()) {
         reply_ack(ep, m, false, why);
-        rejected_transfers_.insert(key);
+        if (!m.complete) rejected_transfers_.insert(key);
         return;
       }
-      // Gradient buffers are reused: a fresh 64 MiB buffer per push would page-fault its way in.
-      if (spare_.empty()) spare_.emplace_back(size());
-      gradients_[key] = std::move(spare_.back());
-      spare_.pop_back();
+      // A sender streams one gradient at a time: what is left of an earlier one was abandoned
+      // (the client restarted mid-push), and would otherwise hold its memory for good.
+      const std::string prefix = m.sender + "#";
+      std::erase_if(streaming_, [&](const std::string& k) { return k.starts_with(prefix); });
+      for (auto g = gradients_.begin(); g != gradients_.end();) {
+        if (g->first.starts_with(prefix)) {
+          spare_.push_back(std::move(g->second));
+          g = gradients_.erase(g);
+        } else {
+          ++g;
+        }
+      }
+      if (piecewise()) {
+        streaming_.insert(key);
+      } else {
+        // Gradient buffers are reused: a fresh 64 MiB buffer per push would page-fault its way in.
+        if (spare_.empty()) spare_.emplace_back(size());
+        gradients_[key] = std::move(spare_.back());
+        spare_.pop_back();
+      }
     }
     if (rejected_transfers_.contains(key)) {
       if (m.complete) rejected_transfers_.erase(key);
+      return;
+    }
+    if (piecewise()) {
+      on_streamed_gradient_chunk(ep, m, key);
       return;
     }
     auto it = gradients_.find(key);
@@ -526,6 +546,54 @@ class Shard {
       optimizer_->apply_gradient(params_.span(), g.span());
       ++version_;
     }
+    reply_ack(ep, m, true, "");
+    serve_pending_pulls(ep);
+  }
+
+  // ASP and SSP with an elementwise optimizer apply a gradient as it streams in, chunk by chunk,
+  // straight from the received bytes (in plaintext, the received frame itself, never copied):
+  // each chunk is checked for NaN/Inf and applied while it is hot in cache, so the step costs one
+  // pass over the gradient, overlaps the transfer, and needs O(chunk) memory per pushing worker
+  // instead of a reassembly buffer each. A chunk is the unit of atomicity, as a key or partition
+  // is in ps-lite and BytePS: a chunk with a non-finite value is refused with the rest of its push
+  // (the worker gets a refusal and its clock does not advance), while the chunks before it stay
+  // applied; the model never sees a non-finite value. Consistency is unchanged: ASP promises none
+  // within a step, and SSP bounds complete steps, which the clocks count.
+  bool piecewise() const { return consistency_ != "bsp" && optimizer_->elementwise(); }
+  static constexpr std::size_t kApplyBlock = 4096;  // floats: 16 KiB, well inside L1 + L2
+
+  void on_streamed_gradient_chunk(Endpoint& ep, Message& m, const std::string& key) {
+    auto it = streaming_.find(key);
+    if (it == streaming_.end()) return;
+    const auto bytes = m.payload.span();
+    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0 ||
+        m.offset + bytes.size() > size() * sizeof(float)) {
+      streaming_.erase(it);
+      if (!m.complete) rejected_transfers_.insert(key);
+      reply_ack(ep, m, false, "misaligned chunk");
+      return;
+    }
+    const std::span<const float> values(reinterpret_cast<const float*>(bytes.data()),
+                                        bytes.size() / sizeof(float));
+    // Checked and applied a block at a time, so the apply reads each block from L1 right after
+    // the check brought it there: one pass over the received bytes, not two.
+    if (m.offset == 0) optimizer_->begin_gradient_step();
+    const std::size_t base = m.offset / sizeof(float);
+    for (std::size_t at = 0; at < values.size(); at += kApplyBlock) {
+      const auto block = values.subspan(at, std::min(kApplyBlock, values.size() - at));
+      if (!kernels::all_finite(block)) {
+        streaming_.erase(it);
+        if (!m.complete) rejected_transfers_.insert(key);  // drop the rest of this transfer
+        reply_ack(ep, m, false, "gradient has non-finite values");
+        return;
+      }
+      optimizer_->apply_gradient_range(base + at, params_.span().subspan(base + at, block.size()), block);
+    }
+    m.payload = PooledBuffer{};  // the frame goes back now, while it is warm
+    if (!m.complete) return;
+    streaming_.erase(it);
+    ++clocks_[m.sender];
+    ++version_;
     reply_ack(ep, m, true, "");
     serve_pending_pulls(ep);
   }
@@ -676,6 +744,7 @@ class Shard {
   std::map<NodeId, std::uint64_t> clocks_;
   std::deque<PendingPull> pending_pulls_;
   std::unordered_map<std::string, FloatBuffer> gradients_;
+  std::set<std::string> streaming_;  // gradients being applied as they stream (piecewise())
   std::vector<FloatBuffer> spare_;
   std::map<std::uint64_t, std::map<NodeId, FloatBuffer>> step_buffer_;
   std::set<std::string> rejected_transfers_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -256,4 +257,86 @@ TEST_CASE("a truncated dataset file stops cohort-client with an error naming the
   const std::string line = first_line_with(p.stderr_text(), "truncated");
   MESSAGE(line);
   CHECK(line.find(images + ": truncated: expected 47040000 bytes of pixels, got 1000") != std::string::npos);
+}
+
+TEST_CASE("ASP data-parallel: a gradient with NaN in a later chunk is refused, the model stays finite, the next one applies") {
+  TempDir dir;
+  // mlp:784-512-10 has 407,050 parameters: 1.6 MB, two 1 MiB chunks. lr 0.5, plain SGD.
+  Process server = Process::spawn(COHORT_SERVER_BIN,
+      {"--insecure", "--listen", "tcp://127.0.0.1:*", "--port-file", dir.file("port"),
+       "--log-level", "info", "--server.mode=dataparallel", "--server.consistency=asp",
+       "--server.steps=1000000", "--server.clients_per_round=1", "--server.metrics_file=",
+       "--model.spec=mlp:784-512-10", "--server_optimizer.lr=0.5"});
+  const std::string url = "tcp://127.0.0.1:" + cohort::test::read_when_ready(dir.file("port"), 30s);
+  tp::Context ctx;
+  auto raw = tp::Endpoint::connect(ctx, url, raw_options("worker-raw"));
+  raw.wait_ready(30s);
+  std::optional<tp::Message> welcome_msg;
+  for (int attempt = 0; attempt < 60 && !welcome_msg; ++attempt) {
+    tp::Envelope reg;
+    reg.body = tp::Register{tp::Role::kClient, 1, "cpu", "", 0, 0, ""};
+    raw.send({}, reg);
+    welcome_msg = wait_for_body<tp::Welcome>(raw, 2s);
+  }
+  REQUIRE(welcome_msg);
+  const std::uint64_t n = std::get<tp::Welcome>(welcome_msg->envelope.body).model_size;
+  REQUIRE(n == 407050);
+  const std::size_t chunk_floats = (std::size_t{1} << 20) / sizeof(float);
+  REQUIRE(n > chunk_floats);
+
+  auto pull = [&](std::uint64_t clock) {
+    tp::Envelope e;
+    e.body = tp::Pull{0, 0, n, clock};
+    raw.send({}, e);
+    auto reply = wait_for_body<tp::PullReply>(raw, 60s);
+    REQUIRE(reply);
+    REQUIRE(reply->payload.size() == n * sizeof(float));
+    std::vector<float> x(n);
+    std::memcpy(x.data(), reply->payload.data(), reply->payload.size());
+    return std::pair{std::get<tp::PullReply>(reply->envelope.body).version, x};
+  };
+  auto push = [&](std::uint64_t clock, const std::vector<float>& g) {
+    tp::Envelope e;
+    e.body = tp::Push{0, 0, n, 1, clock, tp::Encoding::kDenseF32, tp::PushKind::kGradient, 0, clock, n};
+    raw.send({}, e, tp::Payload{std::as_bytes(std::span(g)), nullptr});
+    auto ack = wait_for_body<tp::PushAck>(raw, 60s);
+    REQUIRE(ack);
+    return std::get<tp::PushAck>(ack->envelope.body);
+  };
+
+  const auto [v0, x0] = pull(0);
+  std::vector<float> g(n, 0.25f);
+  g[chunk_floats + 100] = std::numeric_limits<float>::quiet_NaN();
+  const auto refused = push(0, g);
+  CHECK_FALSE(refused.accepted);
+  CHECK(refused.reason == "gradient has non-finite values");
+
+  // The chunk is the unit of atomicity: the finite chunk before the bad one was applied, nothing of
+  // the bad chunk or after it; the version and the worker's clock did not move.
+  const auto [v1, x1] = pull(0);
+  CHECK(v1 == v0);
+  std::size_t applied = 0, untouched = 0, non_finite = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x1[i])) ++non_finite;
+    if (x1[i] == x0[i] - 0.5f * 0.25f) ++applied;
+    if (x1[i] == x0[i]) ++untouched;
+  }
+  CHECK(non_finite == 0);
+  CHECK(applied == chunk_floats);
+  CHECK(untouched == n - chunk_floats);
+
+  // The same clock again, finite this time: applied whole.
+  std::fill(g.begin(), g.end(), 0.25f);
+  const auto ok = push(0, g);
+  CHECK(ok.accepted);
+  const auto [v2, x2] = pull(1);
+  CHECK(v2 == v0 + 1);
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < n; ++i) moved += x2[i] == x1[i] - 0.5f * 0.25f ? 1 : 0;
+  CHECK(moved == n);
+  // A resend of an applied clock is refused by its clock, and changes nothing.
+  const auto stale = push(0, g);
+  CHECK_FALSE(stale.accepted);
+  CHECK(stale.reason == "gradient for clock 0, expected 1");
+
 }

@@ -45,12 +45,20 @@ class FedOpt final : public ServerOptimizer {
   void apply_delta(std::span<float> params, std::span<const float> delta) override;
   void apply_gradient(std::span<float> params, std::span<const float> gradient) override;
   std::vector<std::pair<std::string, std::span<float>>> state() override;
+  bool elementwise() const override { return true; }
+  void begin_gradient_step() override;
+  void apply_gradient_range(std::size_t offset, std::span<float> params,
+                            std::span<const float> gradient) override;
 
  private:
-  void step(std::span<float> params, std::span<const float> direction, double sign);
+  // Counts the step and returns its learning rate (with bias correction where asked).
+  double next_step();
+  void step_range(std::size_t offset, std::span<float> params, std::span<const float> direction,
+                  double sign, double lr);
   FedOptOptions options_;
   FloatBuffer m_, v_;
   FloatBuffer step_{1};
+  double step_lr_ = 0;  // of the step begun by begin_gradient_step()
 };
 
 }  // namespace cohort::aggregation

@@ -33,8 +33,8 @@ namespace cohort {
 
 // The plug-in ABI: bumped whenever a class reachable from Registries (the registries, the
 // Aggregator, ServerOptimizer, Compressor and ClientSelector interfaces, ConfigSection) changes
-// its layout or virtual functions.
-inline constexpr int kPluginAbi = 1;
+// its layout or virtual functions. 2: ServerOptimizer's piecewise stepping.
+inline constexpr int kPluginAbi = 2;
 
 // Loads the shared object `file`, checks cohort_plugin_abi() == kPluginAbi and calls
 // cohort_register(registries). `file` is a path (relative to the working directory), never a

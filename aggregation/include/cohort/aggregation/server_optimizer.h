@@ -32,6 +32,19 @@ class ServerOptimizer {
   virtual void apply_gradient(std::span<float> params, std::span<const float> gradient) = 0;
   // Named state buffers, for checkpoints (empty for stateless rules). Restoring writes into them.
   virtual std::vector<std::pair<std::string, std::span<float>>> state() = 0;
+
+  // Optional piecewise stepping, for rules in which a coordinate's update depends only on that
+  // coordinate, its own state and a per-step scalar (sgd, fedavgm, the FedOpt family). Such a rule
+  // returns true from elementwise(); a data-parallel shard then applies a gradient straight from
+  // the chunks it arrived in, on several threads: begin_gradient_step() once per step, then
+  // apply_gradient_range() over disjoint pieces that cover [0, size), possibly concurrently.
+  // Together they must equal one apply_gradient() call. The defaults say "not elementwise".
+  [[nodiscard]] virtual bool elementwise() const { return false; }
+  virtual void begin_gradient_step() {}
+  // x[offset, offset + n) -= rule(gradient) for one piece of the step begun last.
+  // REQUIRES elementwise(); params and gradient are the piece (size n), offset is its position.
+  virtual void apply_gradient_range(std::size_t offset, std::span<float> params,
+                                    std::span<const float> gradient);
 };
 
 using ServerOptimizerFactory =

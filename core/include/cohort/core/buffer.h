@@ -93,6 +93,13 @@ class PooledBuffer {
   [[nodiscard]] void* detach();
   static void release_detached(void* handle) noexcept;
 
+  // Lends memory owned by someone else (a received ZeroMQ frame) as a PooledBuffer, so that it
+  // can be delivered without a copy: `release(owner)` runs exactly once, from whichever thread
+  // drops the buffer, and the memory never enters a pool. capacity() == size.
+  using ReleaseFn = void (*)(void* owner) noexcept;
+  [[nodiscard]] static PooledBuffer wrap(std::byte* data, std::size_t size, ReleaseFn release,
+                                         void* owner);
+
   struct Block;
 
  private:

@@ -24,6 +24,8 @@ void scale(float alpha, std::span<float> x);
 // receiving an update copies it anyway: checking on the way costs no extra pass over memory. The
 // whole span is copied even when a non-finite value is found. REQUIRES dst.size() == src.size().
 [[nodiscard]] bool copy_finite(std::span<const float> src, std::span<float> dst);
+// True when every value is finite: copy_finite's test alone, for data that is used in place.
+[[nodiscard]] bool all_finite(std::span<const float> x);
 // sum_i x[i] * y[i], accumulated in double.
 double dot(std::span<const float> x, std::span<const float> y);
 // sqrt(sum_i x[i]^2), accumulated in double.
