@@ -40,7 +40,8 @@ bool recv_add_floats(Comm& comm, Rank from, std::uint64_t tag, std::span<float> 
                      std::chrono::milliseconds timeout) {
   auto message = recv_exact(comm, from, tag, acc.size(), timeout);
   if (!message) return false;
-  // The pool's blocks are 64-byte aligned, so the bytes may be read as floats.
+  // Pool blocks are 64-byte aligned and received frames delivered in place 8-byte aligned
+  // (transport/endpoint.cc, adoptable()), so the bytes may be read as floats.
   const auto* in = reinterpret_cast<const float*>(message->data());
   float* out = acc.data();
   const std::size_t n = acc.size();

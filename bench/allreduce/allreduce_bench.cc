@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   app.add_option("--dir", w.dir, "internal: shared temp dir");
   app.add_option("--mode", w.mode, "internal: plain or tls");
   app.add_option("--ns", ns, "comma-separated process counts");
-  app.add_option("--modes", modes, "plain, tls or both");
+  app.add_option("--modes", modes, "comma-separated: plain, tls (both: plain,tls)");
   app.add_option("--sizes", sizes, "comma-separated message sizes in bytes (multiples of 4)");
   app.add_option("--algos", algos, "ring, recursive_doubling (tree), auto");
   app.add_option("--seconds", w.target_seconds, "rough time per measurement");
@@ -302,7 +302,17 @@ int main(int argc, char** argv) {
     }
     std::vector<Rank> nlist;
     for (auto v : parse_list(ns)) nlist.push_back(static_cast<Rank>(v));
-    return launch(nlist, split(modes), sizes, algos, w.target_seconds, w.max_iters,
+    std::vector<std::string> mode_list;
+    for (const auto& m : split(modes)) {
+      if (m == "both") {
+        mode_list.insert(mode_list.end(), {"plain", "tls"});
+      } else if (m == "plain" || m == "tls") {
+        mode_list.push_back(m);
+      } else {
+        throw cohort::ConfigError("--modes: unknown mode '" + m + "' (plain, tls or both)");
+      }
+    }
+    return launch(nlist, mode_list, sizes, algos, w.target_seconds, w.max_iters,
                   w.segment_bytes);
   } catch (const std::exception& e) {
     std::cerr << "cohort-bench-allreduce: " << e.what() << '\n';
