@@ -79,3 +79,23 @@ TEST_CASE("server sgd and fedavgm move the model as ALGORITHMS.md 1.2 says") {
   CHECK(y[0] == doctest::Approx(1.25));
   CHECK(y[1] == doctest::Approx(-2.5));
 }
+
+TEST_CASE("fedavg: a non-finite value late in a long chunk keeps the finite blocks before it") {
+  // accept() checks and sums 4096-value blocks in turn: the client's prefix ends at the block
+  // with the NaN, and the average counts it exactly on the coordinates it reached.
+  constexpr std::size_t n = 10000;
+  FedAvg agg;
+  agg.begin_round(1, n);
+  std::vector<float> a(n, 2.0f), c(n, 6.0f);
+  a[5000] = std::numeric_limits<float>::infinity();
+  CHECK(agg.accept({1, 0, a, 1}) == Verdict::kRejected);
+  agg.end_update(1, false);
+  REQUIRE(agg.accept({2, 0, c, 1}) == Verdict::kAccepted);
+  agg.end_update(2, true);
+  std::vector<float> out(n);
+  REQUIRE(agg.finish_round(out));
+  for (std::size_t i = 0; i < n; ++i) {
+    INFO("coordinate " << i);
+    CHECK(out[i] == doctest::Approx(i < 4096 ? 4.0 : 6.0));
+  }
+}

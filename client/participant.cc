@@ -178,7 +178,7 @@ class Participant {
                              " within client.connect_timeout_ms");
       }
       try {
-        coordinator_->wait_ready(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+        coordinator_->wait_ready(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
         coordinator_handshakes_ = coordinator_->stats().handshakes;
         transport::Register r;
         r.role = transport::Role::kClient;

@@ -85,6 +85,14 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// CPU time of the calling thread: local training's compute, not counting time the thread spent
+// preempted by the fleet, the shards or the other training threads.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 std::string human_bytes(double b) {
   char buf[32];
   if (b >= 1e9)
@@ -171,7 +179,7 @@ struct RoundRecord {
   double sim_round_s = 0, sim_total_s = 0;
   double loss_sum = 0;
   std::uint64_t samples = 0, bytes = 0;
-  double wall_round_s = 0, wall_train_s = 0;
+  double wall_round_s = 0, wall_train_s = 0, wall_train_cpu_s = 0;
   bool evaluated = false;
   double test_loss = 0, test_accuracy = 0;
 };
@@ -238,8 +246,15 @@ class Fleet {
         }
       }
       collect_results();
-      advance();
-      check_stalled_collection();
+      // Plan, then start: a round planned now starts its jobs before the next wait; and when
+      // advance() closes the active round, the next one (its RoundStarts are usually in by then)
+      // is planned and started at once, not after a poll timeout.
+      for (int pass = 0; pass < 2; ++pass) {
+        check_stalled_collection();
+        const bool was_active = active_.has_value();
+        advance();
+        if (!was_active || active_) break;
+      }
       progress_line(false);
     }
     if (active_) {
@@ -279,21 +294,37 @@ class Fleet {
     transport::RoundStart rs;
     Fate fate = Fate::kCompletes;
     ClientTime time;
-    FloatBuffer params;           // the pulled model, then (trained) the delta
-    std::uint64_t start_seq = 0;  // order of starts: a shard answers one client's pulls in order
-    std::vector<bool> got;        // per shard: its pull reply arrived
-    std::size_t pulls_pending = 0, acks_pending = 0;
+    std::shared_ptr<const FloatBuffer> model;  // the round's pulled model, shared
+    std::shared_ptr<FloatBuffer> delta;        // the trained update, sent zero-copy
+    std::uint64_t start_seq = 0;
+    std::size_t pulls_pending = 0, acks_pending = 0;  // pulls_pending: 1 while it waits for the model
     bool pulled = false, trained = false, pushed = false, done = false;
     std::vector<std::string> refusals;
     TrainResult result;
     EvalResult eval;
-    double wall_train_s = 0;
+    double wall_train_s = 0, train_cpu_s = 0;
     std::uint64_t bytes_down = 0, bytes_up = 0;
   };
 
   struct Result {
     Job* job = nullptr;
     std::exception_ptr error;
+  };
+
+  // One pull per model version. A federated round's model changes only when the round closes,
+  // so every client that starts from version v receives the same bytes: the fleet pulls them
+  // once, through the first virtual client that needs them (the protocol's Pull from every
+  // shard), and the clients share that copy read-only. A real fleet downloads it once per
+  // client; the virtual clock and the byte counts still charge every client its download.
+  struct PulledModel {
+    std::uint64_t version = 0;
+    std::uint32_t requester = 0;  // the virtual client whose pulls fetch it
+    std::uint64_t round = 0;      // the round its pulls were sent in
+    std::uint64_t seq = 0;        // order of requests: a shard answers one client in order
+    std::shared_ptr<FloatBuffer> params;
+    std::vector<bool> got;        // per shard: its pull reply arrived
+    std::size_t pending = 0;
+    std::vector<Job*> waiting;
   };
 
   struct Collecting {
@@ -544,28 +575,75 @@ class Fleet {
   }
 
   void on_pull_reply(std::uint32_t c, const transport::PullReply& r, const Message& m) {
-    // A client may have two jobs pulling (a late round's pull and an evaluation): a shard answers
-    // in order, so the reply belongs to the oldest job still waiting for this shard.
-    Job* job = nullptr;
-    auto consider = [&](Job* j) {
-      if (j->client != c || j->rs.round != m.envelope.round || j->pulls_pending == 0 ||
-          r.shard >= j->got.size() || j->got[r.shard]) {
-        return;
+    // A client may have requested two models (a cut client's old version and an evaluation):
+    // a shard answers in order, so the reply belongs to its oldest request still waiting for
+    // this shard.
+    PulledModel* model = nullptr;
+    for (auto& pm : models_) {
+      if (pm->requester != c || pm->round != m.envelope.round || pm->pending == 0 ||
+          r.shard >= pm->got.size() || pm->got[r.shard]) {
+        continue;
       }
-      if (!job || j->start_seq < job->start_seq) job = j;
-    };
-    for (auto& j : evals_) consider(j.get());
-    if (active_)
-      for (auto& j : active_->jobs) consider(j.get());
-    if (!job) return;
-    job->got[r.shard] = true;
+      if (!model || pm->seq < model->seq) model = pm.get();
+    }
+    if (!model) return;
+    model->got[r.shard] = true;
     if (r.end > model_size_ || r.begin > r.end ||
         m.payload.size() != (r.end - r.begin) * sizeof(float)) {
       throw ProtocolError("shard " + std::to_string(r.shard) + " sent a reply of the wrong shape");
     }
-    std::memcpy(job->params.data() + r.begin, m.payload.data(), m.payload.size());
-    job->bytes_down += m.payload.size();
-    if (--job->pulls_pending == 0) on_pulled(*job);
+    std::memcpy(model->params->data() + r.begin, m.payload.data(), m.payload.size());
+    if (--model->pending > 0) return;
+    std::shared_ptr<const FloatBuffer> params = model->params;
+    const std::vector<Job*> waiting = std::move(model->waiting);
+    model->waiting.clear();
+    for (Job* j : waiting) give_model(*j, params);
+  }
+
+  void give_model(Job& job, std::shared_ptr<const FloatBuffer> params) {
+    job.model = std::move(params);
+    job.pulls_pending = 0;
+    job.bytes_down += model_bytes();
+    on_pulled(job);
+  }
+
+  std::uint64_t model_bytes() const {
+    std::uint64_t b = 0;
+    for (const auto& s : shards_) b += (s.end - s.begin) * sizeof(float);
+    return b;
+  }
+
+  // The job gets the model of its round's version: at once when it is in, else when the pull
+  // of it (sent now, if this is its first client) is answered.
+  void request_model(Job& job) {
+    const std::uint64_t version = job.rs.model_version;
+    for (auto& pm : models_) {
+      if (pm->version != version) continue;
+      if (pm->pending == 0) {
+        give_model(job, pm->params);
+      } else {
+        pm->waiting.push_back(&job);
+      }
+      return;
+    }
+    // Versions no job waits for any more are dropped (jobs keep their own reference).
+    std::erase_if(models_, [](const auto& pm) { return pm->pending == 0; });
+    auto pm = std::make_unique<PulledModel>();
+    pm->version = version;
+    pm->requester = job.client;
+    pm->round = job.rs.round;
+    pm->seq = ++starts_;
+    pm->params = std::make_shared<FloatBuffer>(model_size_);
+    pm->got.assign(shards_.size(), false);
+    pm->pending = shards_.size();
+    pm->waiting.push_back(&job);
+    models_.push_back(std::move(pm));
+    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+      Envelope e;
+      e.round = job.rs.round;
+      e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, version};
+      send(i, job.client, std::move(e));
+    }
   }
 
   void on_push_ack(std::uint32_t c, const transport::PushAck& a, const Message& m) {
@@ -665,32 +743,33 @@ class Fleet {
     return true;
   }
 
-  FloatBuffer take_buffer() {
-    if (!spare_.empty()) {
-      FloatBuffer b = std::move(spare_.back());
-      spare_.pop_back();
-      return b;
+  // A delta buffer: reused once ZeroMQ has released the last push that sent it (its deleter may
+  // run on a shard's thread, hence the lock).
+  std::shared_ptr<FloatBuffer> take_delta() {
+    FloatBuffer b;
+    {
+      std::lock_guard lock(spare_->mu);
+      if (!spare_->buffers.empty()) {
+        b = std::move(spare_->buffers.back());
+        spare_->buffers.pop_back();
+      }
     }
-    return FloatBuffer(model_size_);
-  }
-  void give_buffer(FloatBuffer& b) {
-    if (b.size() == model_size_) spare_.push_back(std::move(b));
-    b = FloatBuffer();
+    if (b.size() != model_size_) b = FloatBuffer(model_size_);
+    auto* raw = new FloatBuffer(std::move(b));
+    return std::shared_ptr<FloatBuffer>(raw, [spare = spare_](FloatBuffer* p) {
+      {
+        std::lock_guard lock(spare->mu);
+        if (spare->buffers.size() < 256) spare->buffers.push_back(std::move(*p));
+      }
+      delete p;
+    });
   }
 
   void start_job(Job& job) {
     ++in_flight_;
-    job.params = take_buffer();
     job.start_seq = ++starts_;
-    job.got.assign(shards_.size(), false);
-    job.pulls_pending = shards_.size();
-    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
-      Envelope e;
-      e.round = job.rs.round;
-      e.body =
-          transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, job.rs.model_version};
-      send(i, job.client, std::move(e));
-    }
+    job.pulls_pending = 1;
+    request_model(job);
   }
 
   void on_pulled(Job& job) {
@@ -716,6 +795,7 @@ class Fleet {
   }
 
   void submit(Job& job) {
+    if (job.kind != Job::Kind::kEvaluate) job.delta = take_delta();
     Job* j = &job;
     pool_.submit([this, j] {
       Result res{j, nullptr};
@@ -726,9 +806,11 @@ class Fleet {
           Slot* s;
           ~Release() { f->release_slot(s); }
         } release{this, slot};
+        const FloatBuffer& model = *j->model;
         auto params = slot->net->parameters();
-        std::copy(j->params.begin(), j->params.end(), params.begin());
+        std::copy(model.begin(), model.end(), params.begin());
         const auto t0 = Clock::now();
+        const double cpu0 = thread_cpu_seconds();
         if (j->kind == Job::Kind::kEvaluate) {
           j->eval = slot->trainer->evaluate(test_);
         } else {
@@ -736,10 +818,11 @@ class Fleet {
                             j->rs.model_version * 7919ULL + j->client;
           j->result = slot->trainer->train(train_, partition_[j->client], seed);
           const auto trained = slot->net->parameters();
-          for (std::size_t i = 0; i < j->params.size(); ++i)
-            j->params[i] = trained[i] - j->params[i];
+          FloatBuffer& delta = *j->delta;
+          for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = trained[i] - model[i];
         }
         j->wall_train_s = seconds_since(t0);
+        j->train_cpu_s = thread_cpu_seconds() - cpu0;
       } catch (...) {
         res.error = std::current_exception();
       }
@@ -781,7 +864,7 @@ class Fleet {
   }
 
   void push(Job& job) {
-    const auto bytes = std::as_bytes(job.params.span());
+    const auto bytes = std::as_bytes(job.delta->span());
     job.acks_pending = shards_.size();
     for (std::uint32_t i = 0; i < shards_.size(); ++i) {
       const auto& s = shards_[i];
@@ -799,10 +882,12 @@ class Fleet {
                                s.end - s.begin};
       const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
       job.bytes_up += slice.size();
-      send(i, job.client, std::move(e), transport::Payload{slice, nullptr});  // copied: no owner
+      // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
+      send(i, job.client, std::move(e), transport::Payload{slice, job.delta});
     }
     job.pushed = true;
-    give_buffer(job.params);
+    job.delta.reset();
+    job.model.reset();
   }
 
   transport::ClientReport base_report(const Job& job) const {
@@ -858,7 +943,9 @@ class Fleet {
     rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
     rec.samples += r.num_samples;
     rec.wall_train_s += job.wall_train_s;
+    rec.wall_train_cpu_s += job.train_cpu_s;
     summary_.train_wall_seconds += job.wall_train_s;
+    summary_.train_cpu_seconds += job.train_cpu_s;
     if (!job.refusals.empty()) {
       COHORT_LOG(Warn) << name_of(job.client) << ": " << r.message;
     }
@@ -868,7 +955,8 @@ class Fleet {
   void complete(Job& job) {
     job.done = true;
     --in_flight_;
-    give_buffer(job.params);
+    job.model.reset();
+    job.delta.reset();
     if (job.kind != Job::Kind::kEvaluate) summary_.bytes_measured += job.bytes_down + job.bytes_up;
   }
 
@@ -894,8 +982,10 @@ class Fleet {
     r.eval_count = job.eval.count;
     send_report(job, r);
     --in_flight_;
-    give_buffer(job.params);
+    job.model.reset();
+    job.delta.reset();
     evaluated_[job.rs.round] = job.eval;
+    summary_.eval_cpu_seconds += job.train_cpu_s;
     summary_.final_accuracy = job.eval.accuracy;
     summary_.final_loss = job.eval.loss;
     evals_.erase(std::remove_if(evals_.begin(), evals_.end(),
@@ -950,6 +1040,7 @@ class Fleet {
     }
     f.push_back({"wall_round_seconds", r.wall_round_s});
     f.push_back({"wall_train_seconds", r.wall_train_s});
+    f.push_back({"wall_train_cpu_seconds", r.wall_train_cpu_s});
     f.push_back({"wall_seconds", wall});
     metrics_.write("sim_round", f);
     if (csv_) {
@@ -1069,7 +1160,12 @@ class Fleet {
   std::size_t in_flight_ = 0;
   std::deque<std::pair<std::uint32_t, transport::ClientReport>> held_reports_;
   std::uint64_t starts_ = 0;
-  std::vector<FloatBuffer> spare_;
+  struct Spare {
+    std::mutex mu;
+    std::vector<FloatBuffer> buffers;
+  };
+  std::shared_ptr<Spare> spare_ = std::make_shared<Spare>();
+  std::vector<std::unique_ptr<PulledModel>> models_;
   double sim_now_ = 0;
   std::map<std::uint64_t, RoundRecord> records_;
   std::map<std::uint64_t, EvalResult> evaluated_;

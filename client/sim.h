@@ -27,6 +27,9 @@ struct Summary {
                                      // by the end of training excepted)
   double wall_seconds = 0.0;         // host time
   double train_wall_seconds = 0.0;   // host time spent in local training (summed over threads)
+  double train_cpu_seconds = 0.0;    // CPU time of local training (summed over threads): the
+                                     // compute itself, without time a thread was preempted
+  double eval_cpu_seconds = 0.0;     // CPU time of test-set evaluations (summed over threads)
   double round_wall_seconds = 0.0;   // host time from the first round's start to the last's end
   std::size_t threads = 0;           // local-training threads
 };

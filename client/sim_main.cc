@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
           "threads (%.1f s per thread)\n",
           s.round_wall_seconds, s.train_wall_seconds,
           s.train_wall_seconds / static_cast<double>(std::max<std::size_t>(1, s.threads)));
+      // The framework's overhead: the rounds' host time less the local-training (and test-set
+      // evaluation) compute each thread did, measured as thread CPU time, as a share of it.
+      const double threads = static_cast<double>(std::max<std::size_t>(1, s.threads));
+      const double compute = (s.train_cpu_seconds + s.eval_cpu_seconds) / threads;
+      std::printf(
+          "cohort-sim: compute %.2f s per thread (training %.2f s CPU, evaluation %.2f s CPU, "
+          "summed); framework overhead %.1f%% of the rounds' host time\n",
+          compute, s.train_cpu_seconds, s.eval_cpu_seconds,
+          100.0 * std::max(0.0, 1.0 - compute / s.round_wall_seconds));
     }
     if (!plot.empty()) {
       cohort::client::sim::plot(config.get_string("sim.csv_file"), plot);

@@ -1256,7 +1256,7 @@ struct Endpoint::Impl {
       if (monitor) read_monitor();
       sweep();
       if (!inbox.empty() || until()) return;
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) return;
       zmq::pollitem_t items[2] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
                                   {monitor ? monitor.handle() : nullptr, 0, ZMQ_POLLIN, 0}};
@@ -1278,7 +1278,7 @@ struct Endpoint::Impl {
     };
     const auto deadline = Clock::now() + timeout;
     while (!is_ready() && !failed()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
         throw TimeoutError("no secure session with " + url + " after " +
                            std::to_string(timeout.count()) + " ms (is the peer running?)");
@@ -1451,7 +1451,7 @@ int Endpoint::poll(std::span<Endpoint* const> endpoints, std::chrono::millisecon
       if (e.inbox.empty()) e.pump(std::chrono::milliseconds(0), [] { return false; });
       if (!e.inbox.empty()) return static_cast<int>(i);
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return -1;
     items.clear();
     for (Endpoint* ep : endpoints) {

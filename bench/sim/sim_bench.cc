@@ -1,0 +1,170 @@
+// cohort-bench-sim: cohort-sim's scale and overhead, one JSON line per configuration.
+//
+// Each configuration runs in-process (the real shards on threads, the virtual clients behind
+// multiplexed inproc:// sockets, training on a pool sized to the cores), in its own forked child,
+// so that its peak RSS is its own:
+//   {"bench":"sim","name":...,"clients":N,"selected_per_round":K,"rounds":R,"threads":T,
+//    "sec_per_round":X,"peak_rss_mb":Y,"train_cpu_s_per_round":C,"overhead":O,...}
+// "overhead" is the framework's share of the rounds' host time: 1 - (local-training and
+// evaluation CPU time / threads) / (host time of the rounds). Training CPU time is thread CPU
+// time, so a training thread preempted by the fleet or a shard does not count as training.
+//
+// Default runs (repository configurations, found from the source tree):
+//   sim_10k_1000  examples/sim/sim_10k.toml with 1,000 of the 10,000 clients selected per round
+//                 (800 updates needed: the over-selection absorbs its 2% dropouts)
+//   sim_10k       examples/sim/sim_10k.toml as it is (100 updates per round from 120 selected)
+//   overhead_100  examples/sim/overhead_100.toml (100 clients per round, 60 images, E = 5)
+// --config FILE runs a file instead (repeatable); --set key=value applies to every run.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/aggregation/registries.h"
+#include "cohort/core/config.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "sim.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace sim = cohort::client::sim;
+
+struct Run {
+  std::string name;
+  fs::path file;
+  std::vector<std::string> overrides;
+};
+
+std::atomic<bool> g_stop{false};
+
+// Runs one configuration in this process and prints its JSON line. Returns the exit code.
+// The coordinator's per-round lines go to stdout; here they go to stderr, and stdout carries
+// the JSON line only.
+int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t rounds) {
+  const int json_fd = dup(STDOUT_FILENO);
+  if (json_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+    throw cohort::InternalError("cannot redirect stdout");
+  }
+  const cohort::ConfigSchema schema = sim::sim_config_schema();
+  std::vector<std::string> overrides = run.overrides;
+  overrides.insert(overrides.end(), common.begin(), common.end());
+  // Benchmarks write no metrics files unless asked to (--set sim.metrics_file=...).
+  overrides.insert(overrides.begin(), {"sim.metrics_file=", "sim.csv_file=", "sim.progress=false"});
+  if (rounds > 0) overrides.push_back("server.rounds=" + std::to_string(rounds));
+  cohort::Config config = cohort::Config::load(schema, run.file, overrides);
+  const auto registries = cohort::builtin_registries();
+  const sim::Summary s = sim::run_in_process(config, registries, g_stop);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double threads = static_cast<double>(std::max<std::size_t>(1, s.threads));
+  const double compute = (s.train_cpu_seconds + s.eval_cpu_seconds) / threads;
+  const double rounds_run = static_cast<double>(std::max<std::uint64_t>(1, s.rounds));
+  const double k = static_cast<double>(config.get_int("server.clients_per_round"));
+  nlohmann::json j{
+      {"bench", "sim"},
+      {"name", run.name},
+      {"config", run.file.filename().string()},
+      {"clients", config.get_int("sim.clients")},
+      {"selected_per_round",
+       static_cast<std::int64_t>(std::ceil(k * config.get_double("server.overselect")))},
+      {"updates_per_round", config.get_int("server.clients_per_round")},
+      {"rounds", s.rounds},
+      {"threads", s.threads},
+      {"sec_per_round", s.round_wall_seconds / rounds_run},
+      {"wall_s", s.wall_seconds},
+      {"peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0},
+      {"train_cpu_s_per_round", s.train_cpu_seconds / rounds_run},
+      {"eval_cpu_s", s.eval_cpu_seconds},
+      {"overhead", s.round_wall_seconds > 0 ? std::max(0.0, 1.0 - compute / s.round_wall_seconds)
+                                            : 0.0},
+      {"final_accuracy", s.final_accuracy},
+      {"sim_seconds", s.sim_seconds}};
+  std::fflush(stdout);
+  const std::string line = j.dump() + "\n";
+  if (write(json_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
+  close(json_fd);
+  return s.committed >= s.rounds && s.rounds > 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cohort-bench-sim: runs cohort-sim configurations in-process, each in its own child\n"
+      "process, and prints one JSON line per run: seconds per round, peak RSS, and the\n"
+      "framework's overhead (the rounds' host time less the local-training compute per\n"
+      "thread, as a share of it). Without --config: sim_10k with 1,000 selected per round,\n"
+      "sim_10k as it is, and overhead_100 (examples/sim)."};
+  std::vector<std::string> configs, sets;
+  std::int64_t rounds = 0;
+  bool quick = false;
+  std::string log_level = "warn";
+  std::string examples = COHORT_SOURCE_DIR "/examples/sim";
+  app.add_option("--config", configs, "a cohort-sim configuration file to run (repeatable)");
+  app.add_option("--set", sets, "key=value applied to every run (repeatable)");
+  app.add_option("--rounds", rounds, "override server.rounds of every run (0: the file's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--examples", examples, "folder of the default configurations")
+      ->capture_default_str();
+  app.add_flag("--quick", quick,
+               "smoke run: overhead_100 with 100 clients, 10 per round, 3 rounds");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    cohort::set_log_level(cohort::parse_log_level(log_level));
+    std::vector<Run> runs;
+    for (const auto& c : configs) runs.push_back({fs::path(c).stem().string(), c, {}});
+    if (runs.empty() && quick) {
+      runs.push_back({"quick", fs::path(examples) / "overhead_100.toml",
+                      {"sim.clients=100", "server.clients_per_round=10", "server.min_updates=10",
+                       "server.eval_every=0"}});
+      if (rounds == 0) rounds = 3;
+    } else if (runs.empty()) {
+      runs.push_back({"sim_10k_1000", fs::path(examples) / "sim_10k.toml",
+                      {"server.clients_per_round=800", "server.overselect=1.25",
+                       "server.min_updates=400"}});
+      runs.push_back({"sim_10k", fs::path(examples) / "sim_10k.toml", {}});
+      runs.push_back({"overhead_100", fs::path(examples) / "overhead_100.toml", {}});
+    }
+    for (const auto& r : runs) {
+      if (!fs::exists(r.file)) throw cohort::ConfigError("no configuration " + r.file.string());
+    }
+    int failures = 0;
+    for (const auto& r : runs) {
+      std::fflush(stdout);
+      const pid_t pid = fork();
+      if (pid < 0) throw cohort::InternalError("fork failed");
+      if (pid == 0) {
+        int rc = 1;
+        try {
+          rc = run_one(r, sets, rounds);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "cohort-bench-sim: %s: %s\n", r.name.c_str(), e.what());
+        }
+        std::fflush(stdout);
+        _exit(rc);
+      }
+      int status = 0;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "cohort-bench-sim: run %s failed\n", r.name.c_str());
+        ++failures;
+      }
+    }
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cohort-bench-sim: %s\n", e.what());
+    return 1;
+  }
+}
