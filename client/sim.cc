@@ -238,8 +238,12 @@ class Fleet {
       if (shards_failed_())
         throw InternalError("a server shard of the simulation failed (see its log)");
       drive_registration();
+      // While the training threads have more queued work than threads, a result can wait a few
+      // milliseconds (its push goes out in order anyway): waking every millisecond then costs the
+      // training threads more than it saves. Near the end of a round every millisecond counts.
       const bool busy = in_flight_ > 0;
-      const int ready = Endpoint::poll(ep_ptrs_, busy ? 1ms : 20ms);
+      const bool queued = training_ > pool_.size();
+      const int ready = Endpoint::poll(ep_ptrs_, !busy ? 20ms : queued ? 5ms : 1ms);
       if (ready >= 0) {
         for (std::size_t i = 0; i < eps_.size(); ++i) {
           while (auto m = eps_[i]->receive(0ms)) dispatch(*m);
@@ -795,6 +799,7 @@ class Fleet {
   }
 
   void submit(Job& job) {
+    ++training_;
     if (job.kind != Job::Kind::kEvaluate) job.delta = take_delta();
     Job* j = &job;
     pool_.submit([this, j] {
@@ -853,6 +858,7 @@ class Fleet {
       done.swap(results_);
     }
     for (auto& r : done) {
+      --training_;
       if (r.error) std::rethrow_exception(r.error);
       Job& job = *r.job;
       if (job.kind == Job::Kind::kEvaluate) {
@@ -1158,6 +1164,7 @@ class Fleet {
   std::optional<Active> active_;
   std::vector<std::unique_ptr<Job>> evals_;
   std::size_t in_flight_ = 0;
+  std::size_t training_ = 0;  // jobs handed to the training threads whose results are not in
   std::deque<std::pair<std::uint32_t, transport::ClientReport>> held_reports_;
   std::uint64_t starts_ = 0;
   struct Spare {
