@@ -14,13 +14,16 @@
 // in Envelope.recipient, so the fleet routes them. 10,000 clients therefore cost 10,000 ids,
 // partitions and profiles, not 10,000 sockets (ZeroMQ's default limit is 1,023 per context, and
 // each costs file descriptors). A virtual client holds its partition's row indices and a profile
-// (~50 bytes); model copies exist only for the clients in flight (a window of up to 64, within
-// 64 MiB of copies), and each training thread owns one network and trainer, so memory grows with
-// the threads and the selected cohort, not with the registered clients.
+// (~50 bytes). The model is pulled once per version and shared read-only by the clients that
+// start from it (a federated round's model changes only when the round closes); a delta buffer
+// exists only for each client in flight (a window of up to 64, within 64 MiB), sent zero-copy;
+// and each training thread owns one network and trainer, so memory grows with the threads and
+// the selected cohort, not with the registered clients.
 //
 // The protocol is the participant's (participant.cc): Register -> Welcome, and per RoundStart:
-// Pull from every shard, local training, Push of the delta to every shard, PushAck, ClientReport;
-// evaluate_only rounds pull and evaluate on the test set.
+// Pull from every shard (once per model version, for all the clients that start from it), local
+// training, Push of the delta to every shard, PushAck, ClientReport; evaluate_only rounds pull
+// (or share) the model and evaluate on the test set.
 //
 // Virtual clock (sim_clock.h): when a round's RoundStarts are in, the fleet knows the selected
 // cohort; from each client's profile, the bytes of its pulls and pushes and its training work it

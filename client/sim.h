@@ -23,8 +23,9 @@ struct Summary {
   double final_accuracy = -1.0;  // last evaluation (-1: none)
   double final_loss = 0.0;
   std::uint64_t bytes = 0;           // payload bytes of training rounds, as planned per client
-  std::uint64_t bytes_measured = 0;  // the same as counted on the wire (late clients cut short
-                                     // by the end of training excepted)
+  std::uint64_t bytes_measured = 0;  // the same as counted per virtual client from what it was
+                                     // given and sent (a shared pull counts for each client that
+                                     // used it; late clients cut short by the end excepted)
   double wall_seconds = 0.0;         // host time
   double train_wall_seconds = 0.0;   // host time spent in local training (summed over threads)
   double train_cpu_seconds = 0.0;    // CPU time of local training (summed over threads): the
