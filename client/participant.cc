@@ -128,7 +128,12 @@ class Participant {
           } else {
             run_round(*rs);
           }
-        } else if (std::holds_alternative<transport::Bye>(m->envelope.body)) {
+        } else if (auto* bye = std::get_if<transport::Bye>(&m->envelope.body)) {
+          if (bye->reason == "training failed") {
+            // The coordinator gave up (its log says why): this client did not finish either.
+            COHORT_LOG(Error) << name() << ": the coordinator stopped training: it failed";
+            return 1;
+          }
           COHORT_LOG(Info) << name() << ": training finished";
           return 0;
         } else if (auto* e = std::get_if<transport::ErrorBody>(&m->envelope.body)) {

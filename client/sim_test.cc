@@ -140,6 +140,26 @@ TEST_CASE("1,000 virtual clients with a small model complete their rounds") {
         doctest::Approx(rounds.back()["test_accuracy"].get<double>()).epsilon(1e-6));
 }
 
+TEST_CASE("training that diverges stops after server.max_failed_rounds with a clear error") {
+  // A learning rate of 1e30 makes every update non-finite; every shard refuses them, so no round
+  // can commit. The coordinator gives up after 3 rounds in a row instead of retrying for ever,
+  // and says why.
+  testing::TempDir dir;
+  const Config config =
+      make_config(dir, {"sim.clients=20", "server.clients_per_round=5", "server.rounds=5",
+                        "server.min_updates=5", "server.max_failed_rounds=3", "train.lr=1e30",
+                        "server.eval_every=0"});
+  try {
+    (void)run(config);
+    FAIL("the simulation should have stopped with a TrainingError");
+  } catch (const TrainingError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("3 rounds in a row") != std::string::npos);
+    CHECK(what.find("server.max_failed_rounds") != std::string::npos);
+    CHECK(what.find("refused") != std::string::npos);
+  }
+}
+
 TEST_CASE("with a fixed profile the simulated round time is the closed form") {
   testing::TempDir dir;
   const Config config = make_config(

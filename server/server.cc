@@ -768,6 +768,8 @@ class Coordinator {
     per_round_ = static_cast<std::size_t>(config.get_int("server.clients_per_round"));
     min_clients_ = static_cast<std::size_t>(config.get_int("server.min_clients"));
     min_updates_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
+    max_failed_rounds_ =
+        static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.max_failed_rounds")));
     deadline_ = std::chrono::milliseconds(config.get_int("server.round_deadline_ms"));
     eval_every_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.eval_every")));
     overselect_ = config.get_double("server.overselect");
@@ -784,6 +786,8 @@ class Coordinator {
   }
 
   [[nodiscard]] bool finished() const { return finished_; }
+  // Why training stopped without finishing (give_up), or empty.
+  [[nodiscard]] const std::string& failure() const { return failure_; }
 
   // Returns true if the message was the coordinator's.
   bool handle(Message& m) {
@@ -838,9 +842,16 @@ class Coordinator {
       if (!(enough || all_reported || now >= round_deadline_)) break;
       const bool commit = done >= min_updates_;
       if (!commit) {
+        ++failed_in_a_row_;
         COHORT_LOG(Warn) << "round " << round_ << " closes with " << done
                          << " complete updates (fewer than server.min_updates = " << min_updates_
                          << "): discarded, retrying";
+        if (max_failed_rounds_ > 0 && failed_in_a_row_ >= max_failed_rounds_) {
+          give_up();
+          return;
+        }
+      } else {
+        failed_in_a_row_ = 0;
       }
       close_round(commit);
       if (state_ != State::kIdle) break;
@@ -1183,6 +1194,7 @@ class Coordinator {
     if (!r.trained) {
       COHORT_LOG(Info) << "client " << m.sender << " did not finish round " << r.round << ": "
                        << r.message;
+      last_refusal_ = m.sender + ": " + r.message.substr(0, 200);
       return;
     }
     completed_.insert(m.sender);
@@ -1344,20 +1356,37 @@ class Coordinator {
     metrics_.write("round", f);
   }
 
-  void finish() {
+  // After server.max_failed_rounds rounds in a row without enough updates: the clients and
+  // shards are told goodbye, and run() throws TrainingError with the reason.
+  void give_up() {
+    char why[512];
+    std::snprintf(why, sizeof why,
+                  "%llu rounds in a row closed with fewer than server.min_updates = %zu complete "
+                  "updates (server.max_failed_rounds); the last client refusal: %s. A learning "
+                  "rate too high for the model diverges to non-finite updates, which every shard "
+                  "refuses.",
+                  static_cast<unsigned long long>(failed_in_a_row_), min_updates_,
+                  last_refusal_.empty() ? "none reported" : last_refusal_.c_str());
+    failure_ = why;
+    COHORT_LOG(Error) << "training stopped: " << failure_;
+    pending_eval_ = false;
+    finish("training failed");
+  }
+
+  void finish(const char* why = "training finished") {
     if (pending_eval_) return;  // let the final evaluation arrive (or time out) first
     finished_ = true;
     COHORT_LOG(Info) << "training finished: " << committed_ << " rounds in "
                      << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
     for (auto& [id, c] : clients_) {
       Envelope e;
-      e.body = transport::Bye{"training finished"};
+      e.body = transport::Bye{why};
       ep_.send(c.peer, std::move(e));
     }
     for (std::size_t i = 1; i < shards_.size(); ++i) {
       if (!shards_[i].up) continue;
       Envelope e;
-      e.body = transport::Bye{"training finished"};
+      e.body = transport::Bye{why};
       ep_.send(shards_[i].peer, std::move(e));
     }
     metrics_.write("done", {{"rounds", committed_},
@@ -1379,6 +1408,8 @@ class Coordinator {
   std::uint64_t model_size_ = 0;
   std::uint64_t rounds_ = 0, round_ = 0, committed_ = 0, eval_every_ = 1;
   std::size_t per_round_ = 0, min_clients_ = 1, min_updates_ = 1;
+  std::uint64_t failed_in_a_row_ = 0, max_failed_rounds_ = 10;
+  std::string last_refusal_, failure_;
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
@@ -1443,6 +1474,9 @@ ConfigSchema config_schema() {
       .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
       .add("server.min_clients", std::int64_t{1}, "registered clients needed before a round starts")
       .add("server.min_updates", std::int64_t{1}, "complete updates needed to commit a round at its deadline")
+      .add("server.max_failed_rounds", std::int64_t{10},
+           "rounds in a row without server.min_updates complete updates before the coordinator "
+           "stops with an error (0: retry for ever)")
       .add("server.selection", std::string("uniform"), "uniform | weighted (by data size)")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
       .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")
@@ -1611,6 +1645,7 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
       if (coordinator->finished()) {
         shard.checkpoint();
         std::this_thread::sleep_for(300ms);  // let the goodbyes leave
+        if (!coordinator->failure().empty()) throw TrainingError(coordinator->failure());
         return 0;
       }
     }

@@ -59,6 +59,13 @@ class DataError : public Error {
   using Error::Error;
 };
 
+// Training cannot go on (every round fails to commit, e.g. the clients' updates diverged to
+// non-finite values): stop with this rather than retry forever.
+class TrainingError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_check_failure(const char* expr, const char* file, int line,
                                       const std::string& message);
