@@ -78,7 +78,7 @@ SERVER_KEYS = {
     "server.name", "server.port_file", "server.mode", "server.rounds", "server.consistency",
     "server.staleness", "server.steps", "server.buffer_size", "server.max_staleness",
     "server.concurrency", "server.clients_per_round", "server.overselect", "server.min_clients",
-    "server.min_updates", "server.selection", "server.round_deadline_ms", "server.eval_every",
+    "server.min_updates", "server.max_failed_rounds", "server.selection", "server.round_deadline_ms", "server.eval_every",
     "server.seed", "server.heartbeat_ms", "server.client_timeout_ms", "server.checkpoint_dir",
     "server.checkpoint_every", "server.metrics_file", "model.spec", "model.seed", "tls.insecure",
     "tls.ca_file", "tls.cert_file", "tls.key_file", "transport.chunk_kib", "transport.receive_queue",

@@ -159,6 +159,18 @@ class Shard {
   [[nodiscard]] std::uint64_t version() const { return version_; }
   [[nodiscard]] std::uint64_t last_closed() const { return last_closed_; }
 
+  // The coordinator's selection for federated round `round` (RoundOpen): the first message for a
+  // newer round replaces the list, later ones for the same round add to it. Only these clients'
+  // pushes for the round are accepted.
+  void open_round(std::uint64_t round, const std::vector<NodeId>& clients) {
+    if (round < selection_round_) return;
+    if (round > selection_round_) {
+      selection_round_ = round;
+      selection_.clear();
+    }
+    selection_.insert(clients.begin(), clients.end());
+  }
+
   // Handles a pull or push message; returns true if it was one.
   bool handle(Endpoint& ep, Message& m) {
     if (auto* p = std::get_if<transport::Pull>(&m.envelope.body)) {
@@ -304,6 +316,8 @@ class Shard {
         why = "compressed update of " + std::to_string(m.envelope.payload_bytes) + " bytes for " +
               std::to_string(size()) + " elements";
       else if (round <= last_closed_) why = "round " + std::to_string(round) + " is closed (late push)";
+      else if (round > selection_round_) why = "round " + std::to_string(round) + " has not opened on this shard";
+      else if (!selection_.contains(m.sender)) why = m.sender + " was not selected for round " + std::to_string(round);
       else if (open_round_ != 0 && round != open_round_) why = "push for another round";
       else if (pushed_.contains(m.sender)) why = "duplicate push for this round";
       else if (p.num_samples == 0) why = "zero samples";
@@ -722,6 +736,8 @@ class Shard {
   std::uint64_t committed_ = 0;
   std::uint64_t open_round_ = 0;
   std::uint64_t last_closed_ = 0;
+  std::uint64_t selection_round_ = 0;  // the newest round the coordinator opened (RoundOpen)
+  std::set<NodeId> selection_;         // who was selected for it
   std::unique_ptr<aggregation::Aggregator> aggregator_;
   std::unique_ptr<aggregation::ServerOptimizer> optimizer_;
   std::unordered_map<std::string, Transfer> transfers_;
@@ -961,6 +977,8 @@ class Coordinator {
       Envelope e;
       e.body = welcome(r.shard_index);
       ep_.send(m.peer, std::move(e));
+      // A shard that restarted mid-round learns the running round's selection again.
+      if (state_ == State::kRunning && mode_ == "federated") send_round_open(r.shard_index);
       if (state_ == State::kClosing) resend_close();
       return;
     }
@@ -984,6 +1002,29 @@ class Coordinator {
     Envelope e;
     e.body = welcome(it->second.index);
     ep_.send(m.peer, std::move(e));
+  }
+
+  // Tells shard i (0: our own) who was selected for the running round, in batches of
+  // kRoundOpenBatch ids.
+  void send_round_open(std::size_t i) {
+    if (i == 0) {
+      local_.open_round(round_, round_selection_);
+      return;
+    }
+    auto& s = shards_[i];
+    std::size_t at = 0;
+    do {
+      const std::size_t end = std::min(round_selection_.size(), at + transport::kRoundOpenBatch);
+      Envelope e;
+      e.round = round_;
+      e.body = transport::RoundOpen{round_, {round_selection_.begin() + static_cast<std::ptrdiff_t>(at),
+                                             round_selection_.begin() + static_cast<std::ptrdiff_t>(end)}};
+      if (!s.up || !ep_.send(s.peer, std::move(e))) {
+        s.up = false;
+        return;
+      }
+      at = end;
+    } while (at < round_selection_.size());
   }
 
   void reply_error(const Message& m, std::string why) {
@@ -1045,6 +1086,10 @@ class Coordinator {
     rs.local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0));
     rs.learning_rate = static_cast<float>(config_.section("train").get_double("lr", 0.05));
     rs.model_version = local_.version();
+    // Every shard learns the selection before any client does: a shard takes this round's pushes
+    // only from these clients.
+    round_selection_ = chosen;
+    for (std::size_t i = 0; i < shards_.size(); ++i) send_round_open(i);
     for (const auto& id : chosen) {
       Envelope e;
       e.round = round_;
@@ -1417,6 +1462,7 @@ class Coordinator {
   bool closing_commit_ = false;
   Clock::time_point close_retry_;
   std::set<NodeId> selected_, completed_;
+  std::vector<NodeId> round_selection_;  // the running round's cohort, as sent to the shards
   std::size_t reported_ = 0;
   std::set<NodeId> reporters_;  // who has reported in the running federated round
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
@@ -1611,6 +1657,8 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
             if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
               if (!welcomed) shard.setup(w->model_spec, w->model_size);
               welcomed = true;
+            } else if (auto* ro = std::get_if<transport::RoundOpen>(&m->envelope.body)) {
+              shard.open_round(ro->round, ro->clients);
             } else if (auto* rc = std::get_if<transport::RoundClose>(&m->envelope.body)) {
               const auto v = shard.close_round(rc->round, rc->commit);
               Envelope a;

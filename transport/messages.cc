@@ -154,6 +154,12 @@ struct Writer {
     a.setElements(m.elements);
   }
   void operator()(const Bye& m) { b.initBye().setReason(m.reason); }
+  void operator()(const RoundOpen& m) {
+    auto r = b.initRoundOpen();
+    r.setRound(m.round);
+    auto list = r.initClients(static_cast<unsigned>(m.clients.size()));
+    for (unsigned i = 0; i < m.clients.size(); ++i) list.set(i, m.clients[i]);
+  }
   void operator()(const RoundClose& m) {
     auto r = b.initRoundClose();
     r.setRound(m.round);
@@ -265,6 +271,22 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::BYE:
       return Bye{text(b.getBye().getReason(), "reason")};
+    case wire::Envelope::Body::ROUND_OPEN: {
+      auto r = b.getRoundOpen();
+      auto list = r.getClients();
+      if (list.size() > kRoundOpenBatch) {
+        throw ProtocolError("roundOpen lists " + std::to_string(list.size()) + " clients (limit " +
+                            std::to_string(kRoundOpenBatch) + ")");
+      }
+      RoundOpen out{r.getRound(), {}};
+      out.clients.reserve(list.size());
+      for (auto c : list) {
+        std::string id = text(c, "client");
+        if (!is_valid_node_id(id)) throw ProtocolError("roundOpen: a client id is not a valid node id");
+        out.clients.push_back(std::move(id));
+      }
+      return out;
+    }
     case wire::Envelope::Body::ROUND_CLOSE: {
       auto r = b.getRoundClose();
       return RoundClose{r.getRound(), r.getCommit(), r.getClients()};
@@ -287,7 +309,7 @@ std::string_view body_name(const Body& body) {
   static constexpr std::string_view kNames[] = {
       "register", "welcome", "heartbeat", "roundStart", "pull",      "pullReply", "push",
       "pushAck",  "chunk",   "error",     "gossip",     "allreduce", "bye",       "roundClose",
-      "report"};
+      "report",   "roundOpen"};
   return kNames[body.index()];
 }
 

@@ -41,6 +41,7 @@ std::vector<Body> every_body() {
       Bye{"done"},
       RoundClose{7, true, 9},
       ClientReport{7, true, 600, 0.5f, 1.5f, 0.25f, 100, 200, true, 0.4f, 0.85f, 10000, 6, "ok"},
+      RoundOpen{8, {"client-1", "client-7", "c00042"}},
   };
 }
 
@@ -126,4 +127,18 @@ TEST_CASE("malformed envelopes are ProtocolErrors, never crashes") {
     e.sender = "bad id with spaces";
     CHECK_THROWS_AS((void)decode(encode(e)), cohort::ProtocolError);
   }
+}
+
+TEST_CASE("a roundOpen with more ids than a batch, or an invalid id, is a ProtocolError") {
+  RoundOpen big{3, {}};
+  for (std::size_t i = 0; i <= kRoundOpenBatch; ++i) big.clients.push_back("c" + std::to_string(i));
+  CHECK_THROWS_AS(decode(encode(wrap(big))), cohort::ProtocolError);
+  CHECK_THROWS_AS(decode(encode(wrap(RoundOpen{3, {"bad id with spaces"}}))), cohort::ProtocolError);
+  RoundOpen full{3, {}};  // a full batch of the longest ids (64 characters) fits an envelope
+  for (std::size_t i = 0; i < kRoundOpenBatch; ++i) {
+    const std::string num = std::to_string(1000 + i);
+    full.clients.push_back(std::string(64 - num.size(), 'x') + num);
+  }
+  CHECK(encode(wrap(full)).size() < kMaxEnvelopeBytes);
+  CHECK(decode(encode(wrap(full))) == wrap(full));
 }

@@ -230,13 +230,23 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
         [&](const Message& m) { return std::holds_alternative<PullReply>(m.envelope.body); });
   };
   nlohmann::json out;
-  if (op == "rss") {  // one federated delta push, as a client in round 1
+  if (op == "rss") {  // one federated delta push, as a client selected for the first round
+    // The shards take a round's pushes only from the clients selected for it: wait for the
+    // RoundStart (the coordinator starts once every worker has registered).
+    std::optional<RoundStart> rs;
+    for (const auto until = Clock::now() + 120s; !rs && Clock::now() < until;) {
+      auto m = w.coordinator->receive(100ms);
+      if (m) {
+        if (auto* r = std::get_if<RoundStart>(&m->envelope.body)) rs = *r;
+      }
+    }
+    if (!rs) throw TimeoutError(w.name + ": no RoundStart within 120 s");
     w.round_trip(
         [&](std::size_t i) {
           const auto& sh = w.shards[i];
           Envelope e;
-          e.round = 1;
-          e.body = Push{sh.index, sh.begin, sh.end, 100, 0, Encoding::kDenseF32, PushKind::kDelta, 0, 0, sh.end - sh.begin};
+          e.round = rs->round;
+          e.body = Push{sh.index, sh.begin, sh.end, 100, rs->model_version, Encoding::kDenseF32, PushKind::kDelta, 0, 0, sh.end - sh.begin};
           return std::pair{std::move(e), Payload{bytes.subspan(sh.begin * 4, (sh.end - sh.begin) * 4), grad}};
         },
         [&](const Message& m) {
@@ -367,7 +377,9 @@ int main(int argc, char** argv) {
       make_pki(tmp.string(), 1, rss_clients);
       const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
       Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients};
-      auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=1000000"});
+      const std::string n = std::to_string(rss_clients);
+      auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=" + n,
+                                             "--server.min_clients=" + n});
       std::this_thread::sleep_for(300ms);
       const auto base_kib = peak_rss_kib(pids[0]);
       const auto t0 = Clock::now();

@@ -67,7 +67,7 @@ std::string first_line_with(const std::string& text, const std::string& needle) 
 
 }  // namespace
 
-TEST_CASE("NaN/Inf, wrong-length and late pushes and an unknown node are refused, a resend is applied once; the rounds go on") {
+TEST_CASE("NaN/Inf, wrong-length, late and unselected pushes and an unknown node are refused, a resend is applied once; the rounds go on") {
   TempDir dir;
   const std::string metrics = dir.file("metrics.jsonl");
   // Three rounds of three clients: two honest processes and `client-raw`, driven from here.
@@ -125,16 +125,20 @@ TEST_CASE("NaN/Inf, wrong-length and late pushes and an unknown node are refused
     CHECK(std::get<tp::ErrorBody>(err->envelope.body).message == "only clients and shards may register");
   }
 
-  auto push = [&](std::uint64_t round, std::uint64_t version, std::vector<float> values) {
+  auto push_from = [&](tp::Endpoint& ep, std::uint64_t round, std::uint64_t version,
+                       std::vector<float> values) {
     tp::Envelope e;
     e.round = round;
     e.body = tp::Push{0, 0, n, 1000, version, tp::Encoding::kDenseF32, tp::PushKind::kDelta, 0.5f, 0,
                       n};
-    raw.send({}, e, tp::Payload{std::as_bytes(std::span(values)), nullptr});
-    auto ack = wait_for_body<tp::PushAck>(raw, 60s);
+    ep.send({}, e, tp::Payload{std::as_bytes(std::span(values)), nullptr});
+    auto ack = wait_for_body<tp::PushAck>(ep, 60s);
     REQUIRE(ack);
     CHECK(ack->envelope.round == round);
     return std::get<tp::PushAck>(ack->envelope.body);
+  };
+  auto push = [&](std::uint64_t round, std::uint64_t version, std::vector<float> values) {
+    return push_from(raw, round, version, std::move(values));
   };
   auto report = [&](tp::Endpoint& ep, std::uint64_t round, bool trained, std::string why) {
     tp::Envelope e;
@@ -166,6 +170,11 @@ TEST_CASE("NaN/Inf, wrong-length and late pushes and an unknown node are refused
       hb.body = tp::Heartbeat{1, 0};
       stranger.send({}, hb);
       report(stranger, rs.round, true, "");  // would count as a fourth update if it were believed
+      // Nor does the shard take its update: it was not selected (the coordinator told the shard
+      // who was before the round started).
+      const auto foreign = push_from(stranger, rs.round, rs.model_version, std::vector<float>(n, 5.0f));
+      CHECK(!foreign.accepted);
+      CHECK(foreign.reason == "stranger-9 was not selected for round " + std::to_string(rs.round));
     } else if (k == 2) {
       ack = push(rs.round, rs.model_version, std::vector<float>(n / 2, 0.001f));
       CHECK(ack.reason == "wrong update length");
@@ -206,6 +215,8 @@ TEST_CASE("NaN/Inf, wrong-length and late pushes and an unknown node are refused
   CHECK(log.find("refused the update of client-raw: non-finite values or bad shape") != std::string::npos);
   CHECK(log.find("refused push from client-raw: wrong update length") != std::string::npos);
   CHECK(log.find("refused push from client-raw: round 2 is closed (late push)") != std::string::npos);
+  CHECK(log.find("refused push from stranger-9: stranger-9 was not selected for round 1") !=
+        std::string::npos);
   CHECK(log.find("client-raw resent its update for round 3, already applied: acknowledged again") !=
         std::string::npos);
 }

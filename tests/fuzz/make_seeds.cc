@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       Bye{"done"},
       RoundClose{4, true, 8},
       ClientReport{4, true, 600, 0.7f, 1.5f, 0.2f, 4000, 4000, true, 0.6f, 0.8f, 100, 4, ""},
+      RoundOpen{5, {"client-0", "client-7"}},
   };
   int i = 0;
   for (const Body& b : bodies) {

@@ -40,6 +40,7 @@ struct Envelope {
     bye @18 :Bye;
     roundClose @19 :RoundClose;
     report @20 :ClientReport;
+    roundOpen @22 :RoundOpen;
   }
 
   # A reply through a multiplexed connection (one in-process socket speaking for many virtual
@@ -220,6 +221,14 @@ struct AllreduceChunk {
 # Orderly leave.
 struct Bye {
   reason @0 :Text;
+}
+
+# Coordinator -> shards, before the RoundStarts: who was selected for federated round `round`.
+# A shard accepts that round's pushes only from these clients. A large cohort comes as several
+# messages (each at most kRoundOpenBatch ids); the first for a newer round replaces the list.
+struct RoundOpen {
+  round @0 :UInt64;
+  clients @1 :List(Text);
 }
 
 # Coordinator -> shards: round `round` is over. commit: fold in what arrived and step the model;

@@ -146,6 +146,13 @@ struct Bye {
   bool operator==(const Bye&) const = default;
 };
 
+// At most this many client ids per RoundOpen message (an envelope stays under 64 KiB).
+inline constexpr std::size_t kRoundOpenBatch = 512;
+struct RoundOpen {
+  std::uint64_t round = 0;
+  std::vector<NodeId> clients;
+  bool operator==(const RoundOpen&) const = default;
+};
 struct RoundClose {
   std::uint64_t round = 0;
   bool commit = false;
@@ -172,7 +179,7 @@ struct ClientReport {
 
 using Body = std::variant<Register, Welcome, Heartbeat, RoundStart, Pull, PullReply, Push, PushAck,
                           ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye, RoundClose,
-                          ClientReport>;
+                          ClientReport, RoundOpen>;
 
 // The name of a body's type as the schema spells it ("push", "pullReply", ...), for logs.
 std::string_view body_name(const Body& body);
