@@ -664,11 +664,7 @@ class Fleet {
 
   void plan(Collecting col) {
     std::sort(col.clients.begin(), col.clients.end());
-    std::uint64_t bytes_down = 0, bytes_up = 0;
-    for (const auto& s : shards_) {
-      bytes_down += (s.end - s.begin) * sizeof(float);
-      bytes_up += (s.end - s.begin) * sizeof(float);
-    }
+    const std::uint64_t bytes_down = model_bytes(), bytes_up = bytes_down;  // dense fp32 both ways
     std::vector<Selected> sel(col.clients.size());
     std::vector<ClientTime> times(col.clients.size());
     for (std::size_t i = 0; i < col.clients.size(); ++i) {
