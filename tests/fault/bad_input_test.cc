@@ -306,15 +306,19 @@ TEST_CASE("ASP data-parallel: a gradient with NaN in a later chunk is refused, t
   const std::size_t chunk_floats = (std::size_t{1} << 20) / sizeof(float);
   REQUIRE(n > chunk_floats);
 
+  auto explain = [&](const std::string& what) {  // for a reply that never came
+    const auto st = raw.stats();
+    return what + " (worker sent " + std::to_string(st.records_sent) + " records, received " +
+           std::to_string(st.records_received) + ", dropped " + std::to_string(st.dropped_malformed) +
+           "); the server logged:\n" + server.stderr_text();
+  };
   auto pull = [&](std::uint64_t clock) {
     tp::Envelope e;
     e.body = tp::Pull{0, 0, n, clock};
     raw.send({}, e);
     auto reply = wait_for_body<tp::PullReply>(raw, 60s);
     if (!reply) {
-      const auto st = raw.stats();
-      MESSAGE("no pull reply (worker sent " << st.records_sent << " records, received " << st.records_received
-              << ", dropped " << st.dropped_malformed << ", handshakes " << st.handshakes << "); the server logged:\n" << server.stderr_text());
+      MESSAGE(explain("no pull reply"));
     }
     REQUIRE(reply);
     REQUIRE(reply->payload.size() == n * sizeof(float));
@@ -328,9 +332,7 @@ TEST_CASE("ASP data-parallel: a gradient with NaN in a later chunk is refused, t
     raw.send({}, e, tp::Payload{std::as_bytes(std::span(g)), nullptr});
     auto ack = wait_for_body<tp::PushAck>(raw, 60s);
     if (!ack) {
-      const auto st = raw.stats();
-      MESSAGE("no ack (worker sent " << st.records_sent << " records, received " << st.records_received
-              << ", dropped " << st.dropped_malformed << ", handshakes " << st.handshakes << "); the server logged:\n" << server.stderr_text());
+      MESSAGE(explain("no ack"));
     }
     REQUIRE(ack);
     return std::get<tp::PushAck>(ack->envelope.body);
