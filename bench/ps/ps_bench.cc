@@ -22,8 +22,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "cohort/core/error.h"
@@ -337,18 +339,38 @@ void make_pki(const std::string& dir, int shards, int clients) {
   for (int i = 0; i < clients; ++i) security::generate_node(std::filesystem::path(dir) / "ca", "client-" + std::to_string(i), std::filesystem::path(dir) / "certs");
 }
 
+// "2x3" -> {2, 3}: shards and clients of one benchmark layout; nullopt unless both are 1..8.
+std::optional<std::pair<int, int>> parse_layout(const std::string& spec) {
+  const auto x = spec.find('x');
+  if (x == std::string::npos || x == 0 || x + 1 >= spec.size()) return std::nullopt;
+  auto number = [](std::string_view d) -> std::optional<int> {
+    if (d.size() > 1 || d.empty() || d[0] < '1' || d[0] > '8') return std::nullopt;
+    return d[0] - '0';
+  };
+  const auto shards = number(std::string_view(spec).substr(0, x));
+  const auto clients = number(std::string_view(spec).substr(x + 1));
+  if (!shards || !clients) return std::nullopt;
+  return std::pair{*shards, *clients};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Parameter-server push/pull throughput between real processes on loopback (JSON lines)."};
   std::vector<std::size_t> sizes{1, 16, 64};
   std::vector<std::string> modes{"plain", "tls"};
+  std::vector<std::string> layout_specs{"1x1", "1x2", "2x2"};
   int repeats = 7, rss_clients = 0;
   bool quick = false;
   std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
   int index = 0;
   app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB");
-  app.add_option("--modes", modes, "plain and/or tls");
+  app.add_option("--modes", modes, "plain and/or tls")->check(CLI::IsMember({"plain", "tls"}));
+  app.add_option("--layouts", layout_specs, "SHARDSxCLIENTS layouts to measure, each side 1 to 8")
+      ->check([](const std::string& v) -> std::string {
+        return parse_layout(v) ? "" : "expected SHARDSxCLIENTS with each from 1 to 8, e.g. 2x2";
+      })
+      ->capture_default_str();
   app.add_option("--repeats", repeats, "timed pushes and pulls per client");
   app.add_flag("--quick", quick, "tiny run for smoke tests");
   app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
@@ -403,8 +425,15 @@ int main(int argc, char** argv) {
       sizes = {1};
       repeats = 2;
     }
-    make_pki(tmp.string(), 2, 2);
-    const std::vector<std::pair<int, int>> layouts{{1, 1}, {1, 2}, {2, 2}};
+    std::vector<std::pair<int, int>> layouts;
+    int most_shards = 1, most_clients = 1;
+    for (const auto& spec : layout_specs) {
+      const auto l = *parse_layout(spec);  // validated by the option's check
+      layouts.push_back(l);
+      most_shards = std::max(most_shards, l.first);
+      most_clients = std::max(most_clients, l.second);
+    }
+    make_pki(tmp.string(), most_shards, most_clients);
     for (const auto& m : modes) {
       for (auto [shards, clients] : layouts) {
         if (quick && (shards != 1 || clients != 1)) continue;
