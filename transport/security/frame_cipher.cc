@@ -5,9 +5,17 @@
 #include <openssl/evp.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string>
+
+#if COHORT_HAVE_IPSEC_MB
+// Without this, the header #defines pre-0.53 names such as SHA1, which clash with OpenSSL's.
+#define NO_COMPAT_IMB_API_053 1
+#include <intel-ipsec-mb.h>
+#endif
 
 #include "cohort/core/error.h"
 #include "openssl_util.h"
@@ -74,13 +82,110 @@ bool update_all(Update update, EVP_CIPHER_CTX* ctx, std::byte* out, std::span<co
   return true;
 }
 
-}  // namespace
+struct Backend {
+  bool ipsec_mb = false;
+  std::string_view name = "openssl";
+};
 
-FrameCipher::FrameCipher(const std::array<std::byte, kKeyBytes>& key) {
-  std::memcpy(key_.data(), key.data(), kKeyBytes);
+#if COHORT_HAVE_IPSEC_MB
+// ipsec-mb's state for one thread: its function table, picked for this CPU, and its error slot.
+// The GCM calls keep all their state in the caller's key and context structs, but the error slot
+// is written on every call, so threads never share a manager.
+IMB_MGR* thread_manager() {
+  struct Owner {
+    IMB_MGR* mgr = nullptr;
+    ~Owner() {
+      if (mgr != nullptr) free_mb_mgr(mgr);
+    }
+  };
+  thread_local Owner owner;
+  if (owner.mgr == nullptr) {
+    IMB_MGR* mgr = alloc_mb_mgr(0);
+    if (mgr == nullptr) throw TransportError("ipsec-mb: cannot allocate its state (out of memory)");
+    IMB_ARCH arch = IMB_ARCH_NONE;
+    init_mb_mgr_auto(mgr, &arch);
+    if (const int err = imb_get_errno(mgr); err != 0) {
+      free_mb_mgr(mgr);
+      throw TransportError(std::string("ipsec-mb: ") + imb_get_strerror(err));
+    }
+    owner.mgr = mgr;
+  }
+  return owner.mgr;
 }
 
-FrameCipher::~FrameCipher() { OPENSSL_cleanse(key_.data(), key_.size()); }
+Backend probe_ipsec_mb() {
+  IMB_MGR* mgr = alloc_mb_mgr(0);
+  if (mgr == nullptr) return {};
+  IMB_ARCH arch = IMB_ARCH_NONE;
+  init_mb_mgr_auto(mgr, &arch);
+  const int err = imb_get_errno(mgr);
+  free_mb_mgr(mgr);
+  if (err != 0) return {};
+  switch (arch) {  // IMB_ARCH_NOAESNI (no AES instructions): OpenSSL's constant-time code instead
+    case IMB_ARCH_AVX512: return {true, "ipsec-mb/avx512"};
+    case IMB_ARCH_AVX2: return {true, "ipsec-mb/avx2"};
+    case IMB_ARCH_AVX: return {true, "ipsec-mb/avx"};
+    case IMB_ARCH_SSE: return {true, "ipsec-mb/sse"};
+    default: return {};
+  }
+}
+#endif
+
+// Chosen once per process, so every thread and every FrameCipher agrees.
+const Backend& backend_choice() {
+  static const Backend chosen = [] {
+    const char* env = std::getenv("COHORT_AEAD");
+    const std::string_view want = env == nullptr ? "auto" : env;
+    if (want == "openssl") return Backend{};
+    if (want != "auto" && !want.empty()) {
+      throw TransportError("COHORT_AEAD must be 'auto' or 'openssl', got '" + std::string(want) +
+                           "'");
+    }
+#if COHORT_HAVE_IPSEC_MB
+    return probe_ipsec_mb();
+#else
+    return Backend{};
+#endif
+  }();
+  return chosen;
+}
+
+}  // namespace
+
+struct FrameCipher::Keys {
+  std::array<unsigned char, kKeyBytes> raw{};
+  bool ipsec_mb = false;
+#if COHORT_HAVE_IPSEC_MB
+  // Round keys and GHASH key powers for this CPU's code. The asm needs 64-byte alignment, which
+  // the header asks for only when LINUX is defined.
+  alignas(64) gcm_key_data expanded{};
+#endif
+  Keys() = default;
+  Keys(const Keys&) = delete;
+  Keys& operator=(const Keys&) = delete;
+  ~Keys() {
+    OPENSSL_cleanse(raw.data(), raw.size());
+#if COHORT_HAVE_IPSEC_MB
+    OPENSSL_cleanse(&expanded, sizeof expanded);
+#endif
+  }
+};
+
+std::string_view FrameCipher::backend() { return backend_choice().name; }
+
+FrameCipher::FrameCipher(const std::array<std::byte, kKeyBytes>& key) {
+  auto keys = std::make_shared<Keys>();
+  std::memcpy(keys->raw.data(), key.data(), kKeyBytes);
+#if COHORT_HAVE_IPSEC_MB
+  if (backend_choice().ipsec_mb) {
+    IMB_AES256_GCM_PRE(thread_manager(), keys->raw.data(), &keys->expanded);
+    keys->ipsec_mb = true;
+  }
+#endif
+  keys_ = std::move(keys);
+}
+
+FrameCipher::~FrameCipher() = default;
 
 void FrameCipher::seal(std::uint64_t counter, std::uint32_t frame_index,
                        std::span<const std::byte> aad, std::span<const std::byte> plaintext,
@@ -88,10 +193,26 @@ void FrameCipher::seal(std::uint64_t counter, std::uint32_t frame_index,
   COHORT_CHECK(out.size() == plaintext.size() + kTagBytes)
       << "seal: out has " << out.size() << " bytes, needs " << plaintext.size() + kTagBytes;
   COHORT_CHECK(!overlaps(out, plaintext) && !overlaps(out, aad)) << "seal: out overlaps input";
-  EVP_CIPHER_CTX* ctx = thread_context(/*encrypt=*/true);
   const auto nonce = make_nonce(counter, frame_index);
+#if COHORT_HAVE_IPSEC_MB
+  if (keys_->ipsec_mb) {
+    IMB_MGR* mgr = thread_manager();
+    gcm_context_data ctx;
+    IMB_AES256_GCM_ENC(mgr, &keys_->expanded, &ctx, u8(out.data()), u8(plaintext.data()),
+                       plaintext.size(), nonce.data(), u8(aad.data()), aad.size(),
+                       u8(out.data() + plaintext.size()), kTagBytes);
+    OPENSSL_cleanse(&ctx, sizeof ctx);
+    if (const int err = imb_get_errno(mgr); err != 0) {
+      OPENSSL_cleanse(out.data(), out.size());
+      throw TransportError(std::string("AES-256-GCM seal failed: ipsec-mb: ") +
+                           imb_get_strerror(err));
+    }
+    return;
+  }
+#endif
+  EVP_CIPHER_CTX* ctx = thread_context(/*encrypt=*/true);
   int final_bytes = 0;
-  const bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, key_.data(), nonce.data()) == 1 &&
+  const bool ok = EVP_EncryptInit_ex(ctx, nullptr, nullptr, keys_->raw.data(), nonce.data()) == 1 &&
                   update_all(EVP_EncryptUpdate, ctx, nullptr, aad) &&
                   update_all(EVP_EncryptUpdate, ctx, out.data(), plaintext) &&
                   EVP_EncryptFinal_ex(ctx, u8(out.data() + plaintext.size()), &final_bytes) == 1 &&
@@ -120,15 +241,30 @@ bool FrameCipher::open(std::uint64_t counter, std::uint32_t frame_index,
   const auto nonce = make_nonce(counter, frame_index);
   bool ok = false;
   try {
-    EVP_CIPHER_CTX* ctx = thread_context(/*encrypt=*/false);
-    unsigned char final_block[16];
-    int final_bytes = 0;
-    ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, key_.data(), nonce.data()) == 1 &&
-         update_all(EVP_DecryptUpdate, ctx, nullptr, aad) &&
-         update_all(EVP_DecryptUpdate, ctx, out.data(), sealed.first(text_bytes)) &&
-         EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(kTagBytes), tag) == 1 &&
-         EVP_DecryptFinal_ex(ctx, final_block, &final_bytes) == 1 && final_bytes == 0;
-  } catch (const Error&) {  // context allocation failed: report as "not authentic", per contract
+#if COHORT_HAVE_IPSEC_MB
+    if (keys_->ipsec_mb) {
+      IMB_MGR* mgr = thread_manager();
+      gcm_context_data ctx;
+      unsigned char computed[kTagBytes];
+      IMB_AES256_GCM_DEC(mgr, &keys_->expanded, &ctx, u8(out.data()), u8(sealed.data()),
+                         text_bytes, nonce.data(), u8(aad.data()), aad.size(), computed,
+                         kTagBytes);
+      OPENSSL_cleanse(&ctx, sizeof ctx);
+      ok = imb_get_errno(mgr) == 0 && CRYPTO_memcmp(computed, tag, kTagBytes) == 0;
+    } else
+#endif
+    {
+      EVP_CIPHER_CTX* ctx = thread_context(/*encrypt=*/false);
+      unsigned char final_block[16];
+      int final_bytes = 0;
+      ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, keys_->raw.data(), nonce.data()) == 1 &&
+           update_all(EVP_DecryptUpdate, ctx, nullptr, aad) &&
+           update_all(EVP_DecryptUpdate, ctx, out.data(), sealed.first(text_bytes)) &&
+           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(kTagBytes), tag) ==
+               1 &&
+           EVP_DecryptFinal_ex(ctx, final_block, &final_bytes) == 1 && final_bytes == 0;
+    }
+  } catch (const Error&) {  // state allocation failed: report as "not authentic", per contract
     ok = false;
   }
   if (!ok) {

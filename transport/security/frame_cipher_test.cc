@@ -1,6 +1,7 @@
 #include "cohort/transport/security/frame_cipher.h"
 
 #include <doctest/doctest.h>
+#include <openssl/evp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +42,42 @@ TEST_CASE("seal then open round-trips, for empty and odd sizes") {
     if (n >= 16) CHECK(std::memcmp(sealed.data(), plain.data(), 16) != 0);
     std::vector<std::byte> out(n);
     REQUIRE(cipher.open(42, 3, aad, sealed, out));
+    CHECK(out == plain);
+  }
+}
+
+// Either backend (frame_cipher.h) must produce exactly standard AES-256-GCM, so that peers using
+// different ones interoperate: compare with OpenSSL's EVP interface called directly.
+TEST_CASE("sealed frames are standard AES-256-GCM, byte for byte, whichever backend runs") {
+  MESSAGE("backend: " << FrameCipher::backend());
+  const auto key = key_of(13);
+  const FrameCipher cipher(key);
+  const auto aad = pattern(40, 2);
+  for (std::size_t n : {0u, 1u, 31u, 64u, 1000u, 65536u, 1048579u}) {
+    CAPTURE(n);
+    const auto plain = pattern(n, 6);
+    std::vector<std::byte> sealed(n + FrameCipher::kTagBytes);
+    cipher.seal(/*counter=*/0x0102030405060708u, /*frame_index=*/9, aad, plain, sealed);
+
+    std::vector<unsigned char> want(n + FrameCipher::kTagBytes);
+    unsigned char nonce[12] = {0, 0, 0, 9, 1, 2, 3, 4, 5, 6, 7, 8};
+    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+    REQUIRE(ctx != nullptr);
+    int len = 0;
+    const auto* k = reinterpret_cast<const unsigned char*>(key.data());
+    REQUIRE(EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), nullptr, k, nonce) == 1);
+    REQUIRE(EVP_EncryptUpdate(ctx, nullptr, &len, reinterpret_cast<const unsigned char*>(aad.data()),
+                              static_cast<int>(aad.size())) == 1);
+    REQUIRE(EVP_EncryptUpdate(ctx, want.data(), &len,
+                              reinterpret_cast<const unsigned char*>(plain.data()),
+                              static_cast<int>(n)) == 1);
+    REQUIRE(EVP_EncryptFinal_ex(ctx, want.data() + n, &len) == 1);
+    REQUIRE(EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, 16, want.data() + n) == 1);
+    EVP_CIPHER_CTX_free(ctx);
+    CHECK(std::memcmp(sealed.data(), want.data(), want.size()) == 0);
+
+    std::vector<std::byte> out(n);
+    REQUIRE(cipher.open(0x0102030405060708u, 9, aad, sealed, out));
     CHECK(out == plain);
   }
 }
