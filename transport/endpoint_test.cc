@@ -366,6 +366,45 @@ TEST_CASE("a tampered frame is dropped and counted; a replayed one too; later fr
   CHECK(server.stats().dropped_replay == 1);
 }
 
+TEST_CASE("large sealed frames opened in place: a forged or replayed one is dropped, the rest intact") {
+  // 256 KiB payloads travel as one bulk frame each, which the receiver opens where it lies (with
+  // no crypto pool, or vector AES). A forged frame must not spoil the records queued behind it,
+  // which go down the serial path with their ciphertext intact.
+  auto& p = pki();
+  ServerThread server(options("shard-0", p.shard0));
+  Context ctx;
+  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
+  client.wait_ready(5s);
+  int data_records = 0;
+  client.set_outgoing_hook_for_testing([&](Endpoint::Frames record) {
+    std::vector<Endpoint::Frames> out{record};
+    if (static_cast<int>(record[0][3]) == 4) {  // sealed data
+      ++data_records;
+      if (data_records == 2) out[0][2][70000] ^= std::byte{4};  // a flipped bit in the bulk frame
+      if (data_records == 4) out.push_back(record);              // replayed
+    }
+    return out;
+  });
+  std::vector<std::vector<std::byte>> payloads;
+  for (std::uint64_t i = 1; i <= 6; ++i) payloads.push_back(random_bytes(256 << 10, 100 + i));
+  for (std::uint64_t i = 1; i <= 6; ++i) {
+    client.send({}, heartbeat(i), Payload{payloads[i - 1], nullptr});
+  }
+  REQUIRE(server.wait_for_messages(5, 10s));
+  std::this_thread::sleep_for(100ms);
+  const auto got = server.received();
+  const auto hashes = server.hashes();
+  std::vector<std::uint64_t> clocks;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const std::uint64_t clock = std::get<Heartbeat>(got[k].body).clock;
+    clocks.push_back(clock);
+    CHECK(hashes[k] == sha256_hex(payloads[clock - 1]));
+  }
+  CHECK(clocks == std::vector<std::uint64_t>{1, 3, 4, 5, 6});
+  CHECK(server.stats().dropped_auth == 1);
+  CHECK(server.stats().dropped_replay == 1);
+}
+
 TEST_CASE("malformed input gets an Error reply or a drop, never a crash") {
   auto& p = pki();
   for (bool insecure : {true, false}) {

@@ -85,6 +85,7 @@ bool update_all(Update update, EVP_CIPHER_CTX* ctx, std::byte* out, std::span<co
 struct Backend {
   bool ipsec_mb = false;
   std::string_view name = "openssl";
+  bool vector_aes = false;
 };
 
 #if COHORT_HAVE_IPSEC_MB
@@ -119,13 +120,16 @@ Backend probe_ipsec_mb() {
   IMB_ARCH arch = IMB_ARCH_NONE;
   init_mb_mgr_auto(mgr, &arch);
   const int err = imb_get_errno(mgr);
+  const std::uint64_t features = mgr->features;
   free_mb_mgr(mgr);
   if (err != 0) return {};
+  constexpr std::uint64_t kVectorAes = IMB_FEATURE_VAES | IMB_FEATURE_VPCLMULQDQ;
+  const bool vector_aes = (features & kVectorAes) == kVectorAes;
   switch (arch) {  // IMB_ARCH_NOAESNI (no AES instructions): OpenSSL's constant-time code instead
-    case IMB_ARCH_AVX512: return {true, "ipsec-mb/avx512"};
-    case IMB_ARCH_AVX2: return {true, "ipsec-mb/avx2"};
-    case IMB_ARCH_AVX: return {true, "ipsec-mb/avx"};
-    case IMB_ARCH_SSE: return {true, "ipsec-mb/sse"};
+    case IMB_ARCH_AVX512: return {true, "ipsec-mb/avx512", vector_aes};
+    case IMB_ARCH_AVX2: return {true, "ipsec-mb/avx2", vector_aes};
+    case IMB_ARCH_AVX: return {true, "ipsec-mb/avx", false};
+    case IMB_ARCH_SSE: return {true, "ipsec-mb/sse", false};
     default: return {};
   }
 }
@@ -172,6 +176,7 @@ struct FrameCipher::Keys {
 };
 
 std::string_view FrameCipher::backend() { return backend_choice().name; }
+bool FrameCipher::vector_aes() { return backend_choice().vector_aes; }
 
 FrameCipher::FrameCipher(const std::array<std::byte, kKeyBytes>& key) {
   auto keys = std::make_shared<Keys>();
@@ -235,6 +240,28 @@ bool FrameCipher::open(std::uint64_t counter, std::uint32_t frame_index,
   COHORT_CHECK(out.size() + kTagBytes == sealed.size())
       << "open: out has " << out.size() << " bytes, needs " << sealed.size() - kTagBytes;
   COHORT_CHECK(!overlaps(out, sealed) && !overlaps(out, aad)) << "open: out overlaps input";
+  return open_into(counter, frame_index, aad, sealed, out);
+}
+
+bool FrameCipher::open_in_place(std::uint64_t counter, std::uint32_t frame_index,
+                                std::span<const std::byte> aad,
+                                std::span<std::byte> sealed) const {
+  if (sealed.size() < kTagBytes) {
+    if (!sealed.empty()) OPENSSL_cleanse(sealed.data(), sealed.size());
+    return false;
+  }
+  COHORT_CHECK(!overlaps(sealed, aad)) << "open_in_place: aad overlaps the frame";
+  // Both backends decrypt exactly in place (output pointer == input pointer).
+  const bool ok =
+      open_into(counter, frame_index, aad, sealed, sealed.first(sealed.size() - kTagBytes));
+  if (!ok) OPENSSL_cleanse(sealed.data(), sealed.size());
+  return ok;
+}
+
+// `out` is either disjoint from `sealed` or its exact prefix (in place).
+bool FrameCipher::open_into(std::uint64_t counter, std::uint32_t frame_index,
+                            std::span<const std::byte> aad, std::span<const std::byte> sealed,
+                            std::span<std::byte> out) const {
   const std::size_t text_bytes = sealed.size() - kTagBytes;
   unsigned char tag[kTagBytes];
   std::memcpy(tag, sealed.data() + text_bytes, kTagBytes);

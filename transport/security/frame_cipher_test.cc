@@ -82,6 +82,32 @@ TEST_CASE("sealed frames are standard AES-256-GCM, byte for byte, whichever back
   }
 }
 
+TEST_CASE("open_in_place decrypts where the frame lies, and zeroes a forged one") {
+  const FrameCipher cipher(key_of(17));
+  const auto aad = pattern(24, 3);
+  for (std::size_t n : {0u, 1u, 17u, 4096u, 65536u + 5u}) {
+    CAPTURE(n);
+    const auto plain = pattern(n, 8);
+    std::vector<std::byte> sealed(n + FrameCipher::kTagBytes);
+    cipher.seal(77, 1, aad, plain, sealed);
+    auto frame = sealed;
+    REQUIRE(cipher.open_in_place(77, 1, aad, frame));
+    CHECK(std::equal(plain.begin(), plain.end(), frame.begin()));
+
+    auto forged = sealed;
+    forged[n / 2] ^= std::byte{0x40};
+    CHECK_FALSE(cipher.open_in_place(77, 1, aad, forged));
+    CHECK(std::all_of(forged.begin(), forged.end(), [](std::byte b) { return b == std::byte{0}; }));
+    auto wrong_counter = sealed;
+    CHECK_FALSE(cipher.open_in_place(78, 1, aad, wrong_counter));
+  }
+  std::vector<std::byte> short_frame(FrameCipher::kTagBytes - 1, std::byte{1});
+  CHECK_FALSE(cipher.open_in_place(0, 0, {}, short_frame));
+  std::vector<std::byte> buf(64);
+  CHECK_THROWS_AS((void)cipher.open_in_place(0, 0, std::span(buf).first(8), buf),
+                  cohort::InternalError);
+}
+
 TEST_CASE("the nonce is frame_index || counter: distinct pairs give distinct ciphertexts") {
   const FrameCipher cipher(key_of(5));
   const auto plain = pattern(64);
