@@ -622,8 +622,10 @@ struct Endpoint::Impl {
     return head_seq;
   }
 
-  // Over inproc:// a frame is let go of only when the receiver drops it, often on this thread.
-  bool paced() const { return url.rfind("inproc://", 0) != 0; }
+  // A DEALER paces its messages to its one peer. A ROUTER does not: waiting on one slow peer
+  // would hold up every other. Over inproc:// a frame is let go of only when the receiver drops
+  // it, often on this thread.
+  bool paced() const { return !is_router && url.rfind("inproc://", 0) != 0; }
 
   zmq::message_t pooled_message(PooledBuffer buf,
                                 const std::shared_ptr<SendProgress>& progress = nullptr) {
