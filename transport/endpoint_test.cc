@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 
 #include <atomic>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -168,6 +169,17 @@ bool round_trip(Endpoint& ep, std::uint64_t clock, int attempts = 20) {
 }
 
 std::string port_of(const std::string& url) { return url.substr(url.rfind(':') + 1); }
+
+// Sends every record of `client` through `edit`: `out` starts as the record itself and n counts
+// the sealed data records from 1, so that a test can tamper with the n-th one or replay it.
+void edit_sealed_data_records(Endpoint& client,
+                              std::function<void(int n, std::vector<Endpoint::Frames>& out)> edit) {
+  client.set_outgoing_hook_for_testing([n = 0, edit](Endpoint::Frames record) mutable {
+    std::vector<Endpoint::Frames> out{record};
+    if (static_cast<int>(record[0][3]) == 4) edit(++n, out);  // kind 4: sealed data
+    return out;
+  });
+}
 
 }  // namespace
 
@@ -340,16 +352,10 @@ TEST_CASE("a tampered frame is dropped and counted; a replayed one too; later fr
   Context ctx;
   auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
   client.wait_ready(5s);
-  int data_records = 0;
-  client.set_outgoing_hook_for_testing([&](Endpoint::Frames record) {
-    std::vector<Endpoint::Frames> out{record};
-    if (static_cast<int>(record[0][3]) == 4) {  // sealed data
-      ++data_records;
-      if (data_records == 2) out[0][1][5] ^= std::byte{0x10};  // one flipped bit
-      if (data_records == 3) out.push_back(record);            // replayed
-      if (data_records == 4) out[0][2][100] ^= std::byte{1};   // flipped bit in bulk
-    }
-    return out;
+  edit_sealed_data_records(client, [](int n, std::vector<Endpoint::Frames>& out) {
+    if (n == 2) out[0][1][5] ^= std::byte{0x10};  // one flipped bit
+    if (n == 3) out.push_back(out[0]);            // replayed
+    if (n == 4) out[0][2][100] ^= std::byte{1};   // flipped bit in bulk
   });
   const auto bulk = random_bytes(1000, 4);
   for (std::uint64_t i = 1; i <= 5; ++i) {
@@ -375,15 +381,9 @@ TEST_CASE("large sealed frames opened in place: a forged or replayed one is drop
   Context ctx;
   auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
   client.wait_ready(5s);
-  int data_records = 0;
-  client.set_outgoing_hook_for_testing([&](Endpoint::Frames record) {
-    std::vector<Endpoint::Frames> out{record};
-    if (static_cast<int>(record[0][3]) == 4) {  // sealed data
-      ++data_records;
-      if (data_records == 2) out[0][2][70000] ^= std::byte{4};  // a flipped bit in the bulk frame
-      if (data_records == 4) out.push_back(record);              // replayed
-    }
-    return out;
+  edit_sealed_data_records(client, [](int n, std::vector<Endpoint::Frames>& out) {
+    if (n == 2) out[0][2][70000] ^= std::byte{4};  // a flipped bit in the bulk frame
+    if (n == 4) out.push_back(out[0]);             // replayed
   });
   std::vector<std::vector<std::byte>> payloads;
   for (std::uint64_t i = 1; i <= 6; ++i) payloads.push_back(random_bytes(256 << 10, 100 + i));
