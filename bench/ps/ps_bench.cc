@@ -199,7 +199,25 @@ struct Worker {
   }
 };
 
-int worker_main(const Setup& s, const std::string& url, int repeats, const std::string& op) {
+// Waits until all `workers` workers have reached `phase`, so that their timed loops overlap: a
+// worker that started first would otherwise time its pushes alone, and the per-client figure of
+// two clients swung between one client's throughput and half of it from run to run.
+void barrier(const Setup& s, int index, int workers, const std::string& phase) {
+  const std::filesystem::path dir(s.dir);
+  { std::ofstream(dir / (phase + "-" + std::to_string(index))); }
+  const auto deadline = Clock::now() + 120s;
+  for (int ready = 0;;) {
+    ready = 0;
+    for (int c = 0; c < workers; ++c) ready += std::filesystem::exists(dir / (phase + "-" + std::to_string(c))) ? 1 : 0;
+    if (ready == workers) return;
+    if (Clock::now() > deadline) {
+      throw TimeoutError("only " + std::to_string(ready) + " of " + std::to_string(workers) + " workers reached " + phase);
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+}
+
+int worker_main(const Setup& s, const std::string& url, int repeats, const std::string& op, int workers) {
   Worker w;
   w.name = "client-" + std::to_string(s.clients);  // --clients carries this worker's index here
   w.join(s, url);
@@ -273,11 +291,13 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
   // 2.2-3.0 GB/s against 3.2-4.3 in its own loop, on 2 cores where each switch of direction wakes
   // different threads.
   std::vector<double> push_s, pull_s;
+  barrier(s, s.clients, workers, "push");
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
     push();
     push_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
+  barrier(s, s.clients, workers, "pull");
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = Clock::now();
     pull();
@@ -295,10 +315,13 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
 
 std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, int repeats, const std::string& op) {
   std::vector<pid_t> pids;
+  for (int c = 0; c < 8; ++c) {  // the last run's barrier marks
+    for (const char* phase : {"push-", "pull-"}) std::filesystem::remove(s.dir + "/" + phase + std::to_string(c));
+  }
   for (int c = 0; c < s.clients; ++c) {
     pids.push_back(spawn(self_path(), {"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
                                        "--index", std::to_string(c), "--repeats", std::to_string(repeats),
-                                       "--op", op},
+                                       "--op", op, "--workers", std::to_string(s.clients)},
                          s.dir + "/worker-" + std::to_string(c) + ".out", s.dir + "/worker-" + std::to_string(c) + ".err"));
   }
   std::vector<nlohmann::json> results;
@@ -363,7 +386,7 @@ int main(int argc, char** argv) {
   int repeats = 7, rss_clients = 0;
   bool quick = false;
   std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
-  int index = 0;
+  int index = 0, workers = 1;
   app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB");
   app.add_option("--modes", modes, "plain and/or tls")->check(CLI::IsMember({"plain", "tls"}));
   app.add_option("--layouts", layout_specs, "SHARDSxCLIENTS layouts to measure, each side 1 to 8")
@@ -381,13 +404,14 @@ int main(int argc, char** argv) {
   app.add_option("--url", url, "internal");
   app.add_option("--index", index, "internal");
   app.add_option("--op", op, "internal");
+  app.add_option("--workers", workers, "internal");
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Error);
     const std::string bin = std::filesystem::path(self_path()).parent_path().string();
     if (role == "worker") {
       Setup s{dir, mode, "", bin, 1, index};
-      return worker_main(s, url, repeats, op);
+      return worker_main(s, url, repeats, op, workers);
     }
     const auto tmp = std::filesystem::temp_directory_path() / ("cohort-bench-ps-" + std::to_string(getpid()));
     std::filesystem::create_directories(tmp);
