@@ -4,7 +4,8 @@
 // Prints one JSON object per line:
 //   {"bench":"ps","op":"push|pull","shards":S,"clients":C,"bytes":N,"mode":"plain|tls","gbps":X,...}
 // gbps is the per-client throughput: bytes / (time from sending to the last shard's answer),
-// the median over repeats of each client, averaged over the clients.
+// the median over repeats of each client, averaged over the clients. The clients start each timed
+// loop (pushes, then pulls) together.
 // The model is an mlp sized so that its parameter vector is exactly N bytes.
 //
 //   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--quick]
@@ -206,8 +207,8 @@ void barrier(const Setup& s, int index, int workers, const std::string& phase) {
   const std::filesystem::path dir(s.dir);
   { std::ofstream(dir / (phase + "-" + std::to_string(index))); }
   const auto deadline = Clock::now() + 120s;
-  for (int ready = 0;;) {
-    ready = 0;
+  for (;;) {
+    int ready = 0;
     for (int c = 0; c < workers; ++c) ready += std::filesystem::exists(dir / (phase + "-" + std::to_string(c))) ? 1 : 0;
     if (ready == workers) return;
     if (Clock::now() > deadline) {
