@@ -2,6 +2,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/scheduling.h"
 
 namespace cohort {
 
@@ -10,6 +11,12 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& sch
   app.add_option("--set", flags.overrides, "override one key: --set section.key=value (repeatable)");
   app.add_flag("--print-config", flags.print_config, "print the effective configuration and exit");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
+  app.add_option("--sched", flags.sched,
+                 "CPU scheduling of ZeroMQ's I/O threads: batch (SCHED_BATCH: a woken I/O thread "
+                 "does not preempt the thread sealing or applying chunks) or keep (this process's "
+                 "own policy). A policy set with chrt is kept either way")
+      ->check(CLI::IsMember({"batch", "keep"}))
+      ->capture_default_str();
   app.allow_extras();
   app.footer("Configuration keys (each also a flag, e.g. --server.rounds=5):\n" +
              schema.help_text());
@@ -17,6 +24,7 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& sch
 
 Config finish_config(const CLI::App& app, const ConfigFlags& flags, const ConfigSchema& schema) {
   set_log_level(parse_log_level(flags.log_level));
+  set_io_scheduling(parse_scheduling(flags.sched));
   std::optional<std::filesystem::path> file;
   if (!flags.file.empty()) file = flags.file;
   Config config = Config::load(schema, file, flags.overrides);

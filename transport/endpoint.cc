@@ -1,5 +1,7 @@
 #include "cohort/transport/endpoint.h"
 
+#include <sched.h>
+
 #include <zmq.hpp>
 
 #if defined(__GLIBC__)
@@ -24,6 +26,7 @@
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/scheduling.h"
 #include "cohort/transport/security/security.h"
 
 namespace cohort::transport {
@@ -357,7 +360,12 @@ struct PendingOpen {
 
 struct Context::Impl {
   zmq::context_t ctx;
-  explicit Impl(int io_threads) : ctx(io_threads) {}
+  explicit Impl(int io_threads) : ctx(io_threads) {
+    // Before the first socket: ZeroMQ starts its I/O threads then (see cohort/core/scheduling.h).
+    if (const int policy = io_thread_policy(io_scheduling()); policy != sched_getscheduler(0)) {
+      ctx.set(zmq::ctxopt::thread_sched_policy, policy);
+    }
+  }
 };
 
 namespace {

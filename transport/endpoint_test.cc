@@ -2,13 +2,19 @@
 
 #include <doctest/doctest.h>
 #include <openssl/evp.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <future>
 #include <random>
 #include <thread>
 
 #include "cohort/core/error.h"
+#include "cohort/core/scheduling.h"
 #include "cohort/transport/security/security.h"
 #include "process.h"
 
@@ -168,7 +174,6 @@ bool round_trip(Endpoint& ep, std::uint64_t clock, int attempts = 20) {
   return false;
 }
 
-std::string port_of(const std::string& url) { return url.substr(url.rfind(':') + 1); }
 
 // Sends every record of `client` through `edit`: `out` starts as the record itself and n counts
 // the sealed data records from 1, so that a test can tamper with the n-th one or replay it.
@@ -506,4 +511,45 @@ TEST_CASE("a restarted peer handshakes again and messages flow") {
   test::read_when_ready(dir.file("port"), 20s);
   CHECK(ack(2));
   CHECK(client.stats().handshakes > handshakes_before);
+}
+
+namespace {
+
+// The policy of every ZeroMQ I/O thread of this process, once `count` of them carry their names
+// (each thread names itself, then sets its policy, as it starts), or what there is after 5 s.
+std::vector<int> zmq_io_thread_policies(std::size_t count, int expected) {
+  std::vector<int> out;
+  for (const auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;) {
+    out.clear();
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name.rfind("ZMQbg/IO/", 0) == 0) out.push_back(sched_getscheduler(std::stoi(task.path().filename())));
+    }
+    if (out.size() == count && std::ranges::all_of(out, [&](int p) { return p == expected; })) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a Context's I/O threads run under SCHED_BATCH, or as their creator with --sched keep") {
+  for (const Scheduling s : {Scheduling::kBatch, Scheduling::kKeep}) {
+    CAPTURE(to_string(s));
+    const int expected = s == Scheduling::kBatch ? SCHED_BATCH : SCHED_OTHER;
+    set_io_scheduling(s);
+    // On a fresh default-policy thread, as main() would be.
+    const std::vector<int> policies = std::async(std::launch::async, [&] {
+                                        sched_param p{};
+                                        (void)sched_setscheduler(0, SCHED_OTHER, &p);
+                                        Context ctx(2);
+                                        auto ep = Endpoint::bind(ctx, "tcp://127.0.0.1:*",
+                                                                 options("shard-0", pki().shard0, true));
+                                        return zmq_io_thread_policies(2, expected);
+                                      }).get();
+    set_io_scheduling(Scheduling::kBatch);
+    CHECK(policies == std::vector<int>{expected, expected});
+  }
 }

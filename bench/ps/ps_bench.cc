@@ -6,9 +6,10 @@
 // gbps is the per-client throughput: bytes / (time from sending to the last shard's answer),
 // the median over repeats of each client, averaged over the clients. The clients start each timed
 // loop (pushes, then pulls) together.
-// The model is an mlp sized so that its parameter vector is exactly N bytes.
+// The model is an mlp sized so that its parameter vector is exactly N bytes. The I/O threads of
+// shards and clients run under --sched (batch, their default; keep: this process's policy).
 //
-//   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--quick]
+//   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--sched batch|keep] [--quick]
 //   cohort-bench-ps --rss-clients 50 --rss-model mlp:1000-10000-10   peak RSS of one shard while
 //                   that many clients push one update each (prints {"bench":"ps_rss",...})
 #include <fcntl.h>
@@ -31,6 +32,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/scheduling.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/keygen.h"
@@ -102,6 +104,7 @@ std::string model_of_bytes(std::size_t bytes) {
 struct Setup {
   std::string dir, mode, model, bin;
   int shards = 1, clients = 1;
+  std::string sched = "batch";  // --sched of every process (cohort/core/scheduling.h)
   std::vector<std::string> tls(const std::string& name) const {
     if (mode == "plain") return {"--insecure"};
     return {"--tls.ca_file=" + dir + "/ca/ca.pem", "--tls.cert_file=" + dir + "/certs/" + name + ".pem",
@@ -118,7 +121,7 @@ std::pair<std::vector<pid_t>, std::string> start_servers(const Setup& s, const s
                                 "--server.clients_per_round=" + std::to_string(s.clients),
                                 "--server.min_clients=1000000", "--model.spec=" + s.model,
                                 "--server.metrics_file=", "--server_optimizer.lr=0.0001",
-                                "--log-level", "warn"};
+                                "--log-level", "warn", "--sched", s.sched};
   base.insert(base.end(), extra.begin(), extra.end());
   auto args0 = base;
   args0.insert(args0.end(), {"--shard", "0", "--listen", "tcp://127.0.0.1:*", "--port-file", s.dir + "/port"});
@@ -322,7 +325,7 @@ std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, 
   for (int c = 0; c < s.clients; ++c) {
     pids.push_back(spawn(self_path(), {"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
                                        "--index", std::to_string(c), "--repeats", std::to_string(repeats),
-                                       "--op", op, "--workers", std::to_string(s.clients)},
+                                       "--op", op, "--workers", std::to_string(s.clients), "--sched", s.sched},
                          s.dir + "/worker-" + std::to_string(c) + ".out", s.dir + "/worker-" + std::to_string(c) + ".err"));
   }
   std::vector<nlohmann::json> results;
@@ -387,6 +390,7 @@ int main(int argc, char** argv) {
   int repeats = 7, rss_clients = 0;
   bool quick = false;
   std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
+  std::string sched = "batch";
   int index = 0, workers = 1;
   app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB");
   app.add_option("--modes", modes, "plain and/or tls")->check(CLI::IsMember({"plain", "tls"}));
@@ -399,6 +403,11 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "tiny run for smoke tests");
   app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
   app.add_option("--rss-model", rss_model, "model for --rss-clients");
+  app.add_option("--sched", sched,
+                 "scheduling of the shards' and clients' I/O threads, as their --sched: batch (their "
+                 "default) or keep (the policy this benchmark was started with)")
+      ->check(CLI::IsMember({"batch", "keep"}))
+      ->capture_default_str();
   app.add_option("--role", role, "internal");
   app.add_option("--dir", dir, "internal");
   app.add_option("--mode", mode, "internal");
@@ -409,9 +418,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Error);
+    set_io_scheduling(parse_scheduling(sched));  // a worker stands in for cohort-client: the same
     const std::string bin = std::filesystem::path(self_path()).parent_path().string();
     if (role == "worker") {
-      Setup s{dir, mode, "", bin, 1, index};
+      Setup s{dir, mode, "", bin, 1, index, sched};
       return worker_main(s, url, repeats, op, workers);
     }
     const auto tmp = std::filesystem::temp_directory_path() / ("cohort-bench-ps-" + std::to_string(getpid()));
@@ -426,7 +436,7 @@ int main(int argc, char** argv) {
     if (rss_clients > 0) {
       make_pki(tmp.string(), 1, rss_clients);
       const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
-      Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients};
+      Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients, sched};
       const std::string n = std::to_string(rss_clients);
       auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=" + n,
                                              "--server.min_clients=" + n});
@@ -463,7 +473,7 @@ int main(int argc, char** argv) {
       for (auto [shards, clients] : layouts) {
         if (quick && (shards != 1 || clients != 1)) continue;
         for (std::size_t mib : sizes) {
-          Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients};
+          Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
           auto [pids, coord] = start_servers(s, {});
           std::vector<nlohmann::json> results;
           try {
@@ -477,9 +487,9 @@ int main(int argc, char** argv) {
             double sum = 0;
             for (auto& r : results) sum += r[std::string(opname) + "_gbps"].get<double>();
             std::printf("{\"bench\":\"ps\",\"op\":\"%s\",\"shards\":%d,\"clients\":%d,\"bytes\":%zu,"
-                        "\"mode\":\"%s\",\"gbps\":%.3f,\"repeats\":%d}\n",
+                        "\"mode\":\"%s\",\"gbps\":%.3f,\"repeats\":%d,\"sched\":\"%s\"}\n",
                         opname, shards, clients, mib << 20, m.c_str(), sum / static_cast<double>(results.size()),
-                        repeats);
+                        repeats, sched.c_str());
             std::fflush(stdout);
           }
         }

@@ -17,13 +17,15 @@ struct ConfigFlags {
   std::vector<std::string> overrides;
   bool print_config = false;
   std::string log_level = "info";
+  std::string sched = "batch";  // see cohort/core/scheduling.h
 };
 
-// Adds --config, --set, --print-config and --log-level to `app`, and lets it keep unknown
+// Adds --config, --set, --print-config, --log-level and --sched to `app`, and lets it keep unknown
 // "--section.key" flags for finish_config. The schema's help text is appended to --help.
 void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& schema);
 
 // Builds the Config after app.parse(): file, then --set overrides, then dotted flags, in order.
+// Also applies --log-level and --sched (before any transport::Context is made, then).
 // Throws ConfigError for an unknown key, a bad value or a stray argument.
 Config finish_config(const CLI::App& app, const ConfigFlags& flags, const ConfigSchema& schema);
 

@@ -40,7 +40,8 @@ class context_t;
 namespace cohort::transport {
 
 // One ZeroMQ context per process, made in main() and passed by reference. Must outlive every
-// Endpoint made with it.
+// Endpoint made with it. Its I/O threads run under cohort::io_scheduling() as it was when the
+// Context was made (SCHED_BATCH by default; see cohort/core/scheduling.h).
 class Context {
  public:
   explicit Context(int io_threads = 1);
