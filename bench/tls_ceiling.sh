@@ -32,7 +32,7 @@ case "$target" in
     [[ "$config" =~ ^[1-8]x[1-8]$ ]] || { echo "tls_ceiling: layout '$config' is not SxC" >&2; exit 2; }
     [[ "$size" =~ ^[0-9]+$ ]] || { echo "tls_ceiling: size '$size' is not a number of MiB" >&2; exit 2; }
     bytes=$((size << 20)) few=20 many=200
-    run() { "${prio[@]}" "$bin/cohort-bench-ps" --layouts "$config" --sizes-mib "$size" --modes "$1" --repeats "$2"; }
+    run() { "${prio[@]}" "$bin/cohort-bench-ps" --layouts "$config" --sizes-mib "$size" --modes "$1" --repeats "$2" --min-mib 0; }
     ;;
   allreduce)
     [[ "$config" =~ ^[0-9]+$ ]] || { echo "tls_ceiling: n '$config' is not a number" >&2; exit 2; }

@@ -5,7 +5,8 @@
 //   {"bench":"ps","op":"push|pull","shards":S,"clients":C,"bytes":N,"mode":"plain|tls","gbps":X,...}
 // gbps is the per-client throughput: bytes / (time from sending to the last shard's answer),
 // the median over repeats of each client, averaged over the clients. The clients start each timed
-// loop (pushes, then pulls) together.
+// loop (pushes, then pulls) together; a loop runs --repeats operations, or more where that moves
+// fewer than --min-mib MiB (256 by default: 256 pushes of 1 MiB), and "repeats" says how many.
 // The model is an mlp sized so that its parameter vector is exactly N bytes. The I/O threads of
 // shards and clients run under --sched (batch, their default; keep: this process's policy).
 //
@@ -388,11 +389,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> modes{"plain", "tls"};
   std::vector<std::string> layout_specs{"1x1", "1x2", "2x2"};
   int repeats = 7, rss_clients = 0;
+  std::size_t min_mib = 256;
   bool quick = false;
   std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
   std::string sched = "batch";
   int index = 0, workers = 1;
-  app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB");
+  app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
   app.add_option("--modes", modes, "plain and/or tls")->check(CLI::IsMember({"plain", "tls"}));
   app.add_option("--layouts", layout_specs, "SHARDSxCLIENTS layouts to measure, each side 1 to 8")
       ->check([](const std::string& v) -> std::string {
@@ -400,6 +403,11 @@ int main(int argc, char** argv) {
       })
       ->capture_default_str();
   app.add_option("--repeats", repeats, "timed pushes and pulls per client");
+  app.add_option("--min-mib", min_mib,
+                 "each client's timed loop moves at least this many MiB: small sizes get more than "
+                 "--repeats operations (0: exactly --repeats)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{65536}))
+      ->capture_default_str();
   app.add_flag("--quick", quick, "tiny run for smoke tests");
   app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
   app.add_option("--rss-model", rss_model, "model for --rss-clients");
@@ -459,6 +467,7 @@ int main(int argc, char** argv) {
     if (quick) {
       sizes = {1};
       repeats = 2;
+      min_mib = 0;
     }
     std::vector<std::pair<int, int>> layouts;
     int most_shards = 1, most_clients = 1;
@@ -474,10 +483,12 @@ int main(int argc, char** argv) {
         if (quick && (shards != 1 || clients != 1)) continue;
         for (std::size_t mib : sizes) {
           Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
+          // A 1 MiB push takes ~0.3 ms: 7 of them time the scheduler's mood more than the transport.
+          const int ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / std::max<std::size_t>(mib, 1)));
           auto [pids, coord] = start_servers(s, {});
           std::vector<nlohmann::json> results;
           try {
-            results = run_workers(s, coord, repeats, "bench");
+            results = run_workers(s, coord, ops, "bench");
           } catch (...) {
             for (auto p : pids) stop(p);
             throw;
@@ -489,7 +500,7 @@ int main(int argc, char** argv) {
             std::printf("{\"bench\":\"ps\",\"op\":\"%s\",\"shards\":%d,\"clients\":%d,\"bytes\":%zu,"
                         "\"mode\":\"%s\",\"gbps\":%.3f,\"repeats\":%d,\"sched\":\"%s\"}\n",
                         opname, shards, clients, mib << 20, m.c_str(), sum / static_cast<double>(results.size()),
-                        repeats, sched.c_str());
+                        ops, sched.c_str());
             std::fflush(stdout);
           }
         }
