@@ -26,6 +26,7 @@
 #include "cohort/aggregation/allreduce.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/scheduling.h"
 #include "cohort/transport/security/security.h"
 #include "cohort/transport/zmq_comm.h"
 
@@ -193,7 +194,7 @@ int worker(const WorkerArgs& a) {
 
 int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
            const std::string& sizes, const std::string& algos, double target_seconds, int max_iters,
-           std::size_t segment_bytes) {
+           std::size_t segment_bytes, const std::string& sched) {
   const fs::path dir = fs::temp_directory_path() / ("cohort-allreduce-" + std::to_string(getpid()));
   fs::create_directories(dir);
   struct Cleanup {
@@ -219,7 +220,7 @@ int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
                   {"--worker", "--rank", std::to_string(r), "--n", std::to_string(n), "--dir",
                    dir.string(), "--mode", mode, "--sizes", sizes, "--algos", algos, "--segment",
                    std::to_string(segment_bytes), "--seconds", std::to_string(target_seconds),
-                   "--max-iters", std::to_string(max_iters)},
+                   "--max-iters", std::to_string(max_iters), "--sched", sched},
                   (dir / ("out." + std::to_string(r))).string(),
                   (dir / ("err." + std::to_string(r))).string()));
       }
@@ -272,6 +273,7 @@ int main(int argc, char** argv) {
   bool is_worker = false, quick = false;
   std::string ns = "2,4,8", modes = "plain,tls";
   std::string sizes = "4096,1048576,16777216,67108864", algos = "ring,recursive_doubling";
+  std::string sched = "batch";
   app.add_flag("--worker", is_worker, "internal: run one rank");
   app.add_option("--rank", w.rank, "internal: this worker's rank");
   app.add_option("--n", w.n, "internal: group size");
@@ -284,9 +286,15 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", w.target_seconds, "rough time per measurement");
   app.add_option("--max-iters", w.max_iters, "most timed iterations per measurement");
   app.add_option("--segment", w.segment_bytes, "ring pipelining segment in bytes (0: default)");
+  app.add_option("--sched", sched,
+                 "scheduling of the workers' I/O threads, as cohort-client's --sched: batch (the "
+                 "default) or keep (this process's policy)")
+      ->check(CLI::IsMember({"batch", "keep"}))
+      ->capture_default_str();
   app.add_flag("--quick", quick, "smoke test: 2 processes, 4 KiB and 64 KiB, few iterations");
   CLI11_PARSE(app, argc, argv);
   try {
+    set_io_scheduling(parse_scheduling(sched));
     if (is_worker) {
       set_log_level(LogLevel::Error);
       w.sizes = sizes;
@@ -313,7 +321,7 @@ int main(int argc, char** argv) {
       }
     }
     return launch(nlist, mode_list, sizes, algos, w.target_seconds, w.max_iters,
-                  w.segment_bytes);
+                  w.segment_bytes, sched);
   } catch (const std::exception& e) {
     std::cerr << "cohort-bench-allreduce: " << e.what() << '\n';
     return 1;

@@ -29,6 +29,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/scheduling.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/frame_cipher.h"
 #include "cohort/transport/security/keygen.h"
@@ -46,6 +47,7 @@ constexpr std::size_t kRawChunk = 1 << 20;
 
 struct Args {
   std::string role = "send";
+  std::string sched = "batch";  // --sched: cohort/core/scheduling.h
   std::string mode = "tls";
   std::string dir;
   std::string url;
@@ -185,7 +187,7 @@ double percentile(std::vector<double> v, double p) {
 
 int run_mode(const Args& a, const std::string& self) {
   std::filesystem::remove(a.dir + "/port");
-  std::vector<std::string> args{self, "--role", "recv", "--mode", a.mode, "--dir", a.dir};
+  std::vector<std::string> args{self, "--role", "recv", "--mode", a.mode, "--dir", a.dir, "--sched", a.sched};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -307,12 +309,18 @@ int main(int argc, char** argv) {
   app.add_option("--sizes-mib", a.sizes_mib, "message sizes in MiB");
   app.add_option("--repeats", a.repeats, "timed transfers per size (default 11, 7 at 64 MiB)");
   app.add_flag("--quick", a.quick, "tiny run for smoke tests");
+  app.add_option("--sched", a.sched,
+                 "scheduling of the plain and tls modes' I/O threads, as cohort-server's --sched: "
+                 "batch (the default) or keep (this process's policy)")
+      ->check(CLI::IsMember({"batch", "keep"}))
+      ->capture_default_str();
   app.add_option("--role", a.role, "internal: send or recv");
   app.add_option("--mode", a.mode, "internal: the receiver's mode");
   app.add_option("--dir", a.dir, "internal: working directory");
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Warn);
+    set_io_scheduling(parse_scheduling(a.sched));
     if (a.role == "recv") return receive(a);
     if (a.quick && !app.count("--sizes-mib")) a.sizes_mib = {1};
     char self[4096];
