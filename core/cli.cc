@@ -11,15 +11,21 @@ void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& sch
   app.add_option("--set", flags.overrides, "override one key: --set section.key=value (repeatable)");
   app.add_flag("--print-config", flags.print_config, "print the effective configuration and exit");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
-  app.add_option("--sched", flags.sched,
-                 "CPU scheduling of ZeroMQ's I/O threads: batch (SCHED_BATCH: a woken I/O thread "
-                 "does not preempt the thread sealing or applying chunks) or keep (this process's "
-                 "own policy). A policy set with chrt is kept either way")
-      ->check(CLI::IsMember({"batch", "keep"}))
-      ->capture_default_str();
+  add_sched_flag(app, flags.sched, "this process");
   app.allow_extras();
   app.footer("Configuration keys (each also a flag, e.g. --server.rounds=5):\n" +
              schema.help_text());
+}
+
+CLI::Option* add_sched_flag(CLI::App& app, std::string& value, const std::string& whose) {
+  return app
+      .add_option("--sched", value,
+                  "CPU scheduling of the ZeroMQ I/O threads of " + whose +
+                      ": batch (SCHED_BATCH: a woken I/O thread does not preempt the thread "
+                      "sealing or applying chunks) or keep (the process's own policy). A policy "
+                      "set with chrt is kept either way")
+      ->check(CLI::IsMember({"batch", "keep"}))
+      ->capture_default_str();
 }
 
 Config finish_config(const CLI::App& app, const ConfigFlags& flags, const ConfigSchema& schema) {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cohort/aggregation/allreduce.h"
+#include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
@@ -286,11 +287,7 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", w.target_seconds, "rough time per measurement");
   app.add_option("--max-iters", w.max_iters, "most timed iterations per measurement");
   app.add_option("--segment", w.segment_bytes, "ring pipelining segment in bytes (0: default)");
-  app.add_option("--sched", sched,
-                 "scheduling of the workers' I/O threads, as cohort-client's --sched: batch (the "
-                 "default) or keep (this process's policy)")
-      ->check(CLI::IsMember({"batch", "keep"}))
-      ->capture_default_str();
+  cohort::add_sched_flag(app, sched, "the workers");
   app.add_flag("--quick", quick, "smoke test: 2 processes, 4 KiB and 64 KiB, few iterations");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <thread>
 
+#include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
@@ -411,11 +412,7 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", quick, "tiny run for smoke tests");
   app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
   app.add_option("--rss-model", rss_model, "model for --rss-clients");
-  app.add_option("--sched", sched,
-                 "scheduling of the shards' and clients' I/O threads, as their --sched: batch (their "
-                 "default) or keep (the policy this benchmark was started with)")
-      ->check(CLI::IsMember({"batch", "keep"}))
-      ->capture_default_str();
+  add_sched_flag(app, sched, "the shards and clients (their --sched)");
   app.add_option("--role", role, "internal");
   app.add_option("--dir", dir, "internal");
   app.add_option("--mode", mode, "internal");
@@ -484,7 +481,7 @@ int main(int argc, char** argv) {
         for (std::size_t mib : sizes) {
           Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
           // A 1 MiB push takes ~0.3 ms: 7 of them time the scheduler's mood more than the transport.
-          const int ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / std::max<std::size_t>(mib, 1)));
+          const int ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / mib));
           auto [pids, coord] = start_servers(s, {});
           std::vector<nlohmann::json> results;
           try {

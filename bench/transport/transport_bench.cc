@@ -27,6 +27,7 @@
 #include <thread>
 #include <zmq.hpp>
 
+#include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
@@ -309,11 +310,7 @@ int main(int argc, char** argv) {
   app.add_option("--sizes-mib", a.sizes_mib, "message sizes in MiB");
   app.add_option("--repeats", a.repeats, "timed transfers per size (default 11, 7 at 64 MiB)");
   app.add_flag("--quick", a.quick, "tiny run for smoke tests");
-  app.add_option("--sched", a.sched,
-                 "scheduling of the plain and tls modes' I/O threads, as cohort-server's --sched: "
-                 "batch (the default) or keep (this process's policy)")
-      ->check(CLI::IsMember({"batch", "keep"}))
-      ->capture_default_str();
+  cohort::add_sched_flag(app, a.sched, "both processes in the plain and tls modes");
   app.add_option("--role", a.role, "internal: send or recv");
   app.add_option("--mode", a.mode, "internal: the receiver's mode");
   app.add_option("--dir", a.dir, "internal: working directory");

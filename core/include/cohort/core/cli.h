@@ -24,6 +24,10 @@ struct ConfigFlags {
 // "--section.key" flags for finish_config. The schema's help text is appended to --help.
 void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& schema);
 
+// Adds --sched batch|keep (cohort/core/scheduling.h) to `app`, stored in `value`; `whose` names
+// the processes whose I/O threads it schedules, for the help text. add_config_flags adds it too.
+CLI::Option* add_sched_flag(CLI::App& app, std::string& value, const std::string& whose);
+
 // Builds the Config after app.parse(): file, then --set overrides, then dotted flags, in order.
 // Also applies --log-level and --sched (before any transport::Context is made, then).
 // Throws ConfigError for an unknown key, a bad value or a stray argument.
