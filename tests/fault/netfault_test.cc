@@ -102,7 +102,7 @@ class NetFederation {
     if (url.empty()) url = "tcp://" + shard_address + ":7000";
     for (int i = 0; i < clients_; ++i) {
       std::vector<std::string> c{"--server", url, "--name", client(i), "--data", "iid", "--part",
-                                 std::to_string(i) + "/" + std::to_string(clients_), "--log-level", "info"};
+                                 std::to_string(i) + "/" + std::to_string(clients_), "--log-level", client_log_level};
       auto ct = tls(client(i));
       c.insert(c.end(), ct.begin(), ct.end());
       clients.push_back(lab_.spawn(client(i), COHORT_CLIENT_BIN, c));
@@ -129,6 +129,7 @@ class NetFederation {
   }
 
   std::string shard_address;
+  std::string client_log_level = "info";
   std::optional<Process> server;
   std::vector<Process> clients;
 
@@ -183,13 +184,15 @@ TEST_CASE("50 +- 10 ms delay, 1% loss, 10 Mbit/s links: a federation over TLS co
 TEST_CASE("a client's link cut mid-round: the round closes at its deadline, the client rejoins later") {
   if (skip_without_lab()) return;
   NetLab lab;
-  // Enough rounds after the restore (each takes ~0.15 s on an idle machine) for client-2 to get
-  // through its reconnect backoff (client.backoff_max_ms, 5 s) and be selected again.
+  // Enough rounds after the restore (each takes 0.08-0.15 s on an idle machine) for client-2 to
+  // reconnect (a connect attempt lasts at most 2 s, retried every 2 s at most) and be selected
+  // again.
   constexpr std::size_t kRounds = 40;
   NetFederation f(lab, 3, {"--server.rounds=" + std::to_string(kRounds), "--server.clients_per_round=3",
                            "--server.min_clients=3", "--server.min_updates=2",
                            "--server.round_deadline_ms=10000", "--server.client_timeout_ms=120000",
                            "--train.epochs=3"});
+  f.client_log_level = "debug";  // the endpoints' "disconnected" lines
   f.start();
   auto joined = [&](int i) {
     return f.clients[static_cast<std::size_t>(i)].stderr_text().find("joined") != std::string::npos;
@@ -203,6 +206,13 @@ TEST_CASE("a client's link cut mid-round: the round closes at its deadline, the 
   CHECK(first["round"] == 1);
   CHECK(first["selected"] == 3);
   CHECK(first["clients"] == 2);
+  // client-2 notices the dead link while it is still down (TCP_USER_TIMEOUT, 5 heartbeats), so it
+  // is already reconnecting when the link returns. Without that it noticed only when TCP's
+  // retransmission backoff next fired after the restore, up to tens of seconds later.
+  const auto noticed = [&] {
+    return f.clients[2].stderr_text().find(": disconnected") != std::string::npos;
+  };
+  CHECK(wait_until(noticed, 30s));
   lab.restore("client-2");
   REQUIRE(f.wait(300s) == 0);
   const auto rounds = records(f.metrics(), "round");
