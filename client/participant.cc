@@ -107,7 +107,19 @@ class Participant {
     coordinator_.emplace(Endpoint::connect(ctx_, config_.get_string("client.server"), o));
     join();
     auto next_heartbeat = Clock::now();
+    // When the session with the coordinator broke (TLS: the connection dropped), if not back yet.
+    std::optional<Clock::time_point> session_lost;
+    const auto give_up_after = std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
     while (!stop_.load()) {
+      if (coordinator_->is_ready()) {
+        session_lost.reset();
+      } else if (!session_lost) {
+        session_lost = Clock::now();
+      } else if (Clock::now() - *session_lost > give_up_after) {
+        COHORT_LOG(Error) << name() << ": lost the coordinator at " << config_.get_string("client.server")
+                          << " and could not reconnect within client.connect_timeout_ms";
+        return 1;
+      }
       if (coordinator_->stats().handshakes != coordinator_handshakes_) {
         COHORT_LOG(Info) << "new session with the coordinator; registering again";
         join();
@@ -140,7 +152,9 @@ class Participant {
           COHORT_LOG(Warn) << name() << ": coordinator: " << e->message;
         }
       }
-      if (Clock::now() >= next_heartbeat) {
+      // Not while the session is down: a send would wait there for the handshake (up to
+      // transport's handshake timeout) instead of this loop driving the reconnect.
+      if (Clock::now() >= next_heartbeat && coordinator_->is_ready()) {
         Envelope hb;
         hb.body = transport::Heartbeat{0, 0};
         try {
@@ -566,7 +580,7 @@ ConfigSchema participant_config_schema() {
       .add("client.name", std::string("client-0"), "node id; must be the certificate's CN")
       .add("client.device", std::string("cpu"), "cpu or cuda:N")
       .add("client.threads", std::int64_t{1}, "CPU threads for local training")
-      .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining after this long")
+      .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining (or rejoining a lost coordinator) after this long")
       .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")
       .add("client.step_delay_ms", std::int64_t{0}, "data-parallel: sleep after each step (to emulate a straggler)")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")

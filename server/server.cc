@@ -899,6 +899,10 @@ class Coordinator {
     std::uint64_t dataset_size = 0;
     Clock::time_point last_seen;
     std::uint32_t index = 0;
+    // False once a send to `peer` found the connection gone: the client sits out rounds (and does
+    // not count towards server.min_clients) until it is heard from again, which after a
+    // reconnect is its registration on the new session.
+    bool reachable = true;
   };
   struct ShardInfo {
     bool up = false;
@@ -913,13 +917,17 @@ class Coordinator {
     if (it != clients_.end()) {
       it->second.last_seen = Clock::now();
       it->second.peer = m.peer;
+      it->second.reachable = true;
     }
   }
 
   [[nodiscard]] bool all_shards_up() const {
     return std::all_of(shards_.begin(), shards_.end(), [](const ShardInfo& s) { return s.up; });
   }
-  [[nodiscard]] std::size_t live_clients() const { return clients_.size(); }
+  [[nodiscard]] std::size_t live_clients() const {
+    return static_cast<std::size_t>(std::count_if(clients_.begin(), clients_.end(),
+                                                  [](const auto& c) { return c.second.reachable; }));
+  }
 
   transport::Welcome welcome(std::uint32_t index) const {
     transport::Welcome w;
@@ -995,6 +1003,7 @@ class Coordinator {
     it->second.peer = m.peer;
     it->second.dataset_size = r.dataset_size;
     it->second.last_seen = Clock::now();
+    it->second.reachable = true;
     if (fresh) it->second.index = next_client_index_++;
     COHORT_LOG(Info) << "client " << (fresh ? "registered: " : "re-registered: ") << m.sender
                      << " (" << r.dataset_size << " samples, " << r.device << ", " << clients_.size()
@@ -1037,6 +1046,7 @@ class Coordinator {
     std::vector<NodeId> pool;
     std::vector<double> weights;
     for (const auto& [id, c] : clients_) {
+      if (!c.reachable) continue;
       pool.push_back(id);
       weights.push_back(static_cast<double>(std::max<std::uint64_t>(c.dataset_size, 1)));
     }
@@ -1077,8 +1087,8 @@ class Coordinator {
     const auto chosen = select();
     // The accountant's rate q: a fixed-size cohort of m of N clients, accounted as Poisson
     // sampling with q = m / N (exact when q = 1; see dp.noise_multiplier's help).
-    round_sampling_rate_ = clients_.empty() ? 1.0
-                               : static_cast<double>(chosen.size()) / static_cast<double>(clients_.size());
+    const std::size_t live = live_clients();
+    round_sampling_rate_ = live == 0 ? 1.0 : static_cast<double>(chosen.size()) / static_cast<double>(live);
     transport::RoundStart rs;
     rs.round = round_;
     rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
@@ -1094,7 +1104,14 @@ class Coordinator {
       Envelope e;
       e.round = round_;
       e.body = rs;
-      if (ep_.send(clients_.at(id).peer, std::move(e))) selected_.insert(id);
+      auto& c = clients_.at(id);
+      if (ep_.send(c.peer, std::move(e))) {
+        selected_.insert(id);
+      } else {
+        c.reachable = false;
+        COHORT_LOG(Info) << "client " << id << " is unreachable (its connection is gone): out of the "
+                         << "pool until it registers again";
+      }
     }
     state_ = State::kRunning;
     COHORT_LOG(Debug) << "round " << round_ << " started with " << selected_.size() << " clients";
@@ -1309,9 +1326,11 @@ class Coordinator {
   // after the last; the round's line is printed when the result arrives.
   void request_eval_or_print() {
     const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
-    if (eval && !clients_.empty()) {
+    // The first reachable client from the cursor on; one whose connection proves gone is skipped.
+    for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
       auto it = clients_.begin();
       std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
+      if (!it->second.reachable) continue;
       transport::RoundStart rs;
       rs.round = round_;
       rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
@@ -1327,6 +1346,7 @@ class Coordinator {
         eval_deadline_ = Clock::now() + deadline_;
         return;
       }
+      it->second.reachable = false;
     }
     print_round(round_, std::nullopt);
   }

@@ -93,3 +93,23 @@ TEST_CASE("SIGTERM to a waiting shard writes a checkpoint and exits 0") {
   CHECK(store.load_latest().has_value());
   CHECK(f.server(0).stderr_text().find("stopping (signal)") != std::string::npos);
 }
+
+TEST_CASE("kill -9 of the coordinator: a waiting client gives up after client.connect_timeout_ms") {
+  // min_clients 2 with one client: no round starts, the client waits in its main loop.
+  Federation f(1, 1, {"--server.rounds=3", "--server.min_clients=2"});
+  f.client_extra[0] = {"--client.connect_timeout_ms=3000"};
+  f.start();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (f.clients[0].stderr_text().find("joined") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(50ms);
+  }
+  REQUIRE(f.clients[0].stderr_text().find("joined") != std::string::npos);
+  f.server(0).kill(9);
+  // The session breaks at once on loopback; reconnects are refused; the client stops with an
+  // error instead of waiting for ever.
+  const auto code = f.clients[0].wait_for(60s);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK(f.clients[0].stderr_text().find("lost the coordinator") != std::string::npos);
+}
