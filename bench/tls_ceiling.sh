@@ -2,7 +2,7 @@
 # How close TLS can come to plaintext on this machine: for one benchmark configuration, measures
 # the CPU time (all cores, from /proc/stat) and the wall time of its timed loops in plaintext and
 # in TLS, and prints one JSON line:
-#   {"bench":"tls_ceiling","target":"ps|allreduce","config":...,"bytes":B,
+#   {"bench":"tls_ceiling","target":"ps|allreduce","config":...,"bytes":B,"op":"push|pull|both|allreduce",
 #    "plain_cpu_s":..,"tls_cpu_s":..,"plain_wall_s":..,"tls_wall_s":..,"plain_busy":..,
 #    "tls_busy":..,"measured_ratio":..,"ceiling_ratio":..}
 # Startup (process launch, handshakes, first touch of the model) is cancelled by running each
@@ -14,9 +14,11 @@
 # plain_busy and tls_busy are the fractions of all cores busy during the timed loops. The machine
 # must otherwise be idle: anything else running counts as benchmark CPU time.
 #
-# Usage: bench/tls_ceiling.sh [--bin DIR] ps SHARDSxCLIENTS MIB
+# Usage: bench/tls_ceiling.sh [--bin DIR] ps SHARDSxCLIENTS MIB [push|pull]
 #        bench/tls_ceiling.sh [--bin DIR] allreduce N BYTES
-#   e.g. bench/tls_ceiling.sh ps 1x2 16; bench/tls_ceiling.sh allreduce 4 16777216
+#   ps times its push and pull loops both, or only the one named (their costs per byte differ: a
+#   plaintext push copies nothing in user space, a plaintext pull copies on both sides).
+#   e.g. bench/tls_ceiling.sh ps 1x2 16 push; bench/tls_ceiling.sh allreduce 4 16777216
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../build/bin"
@@ -25,19 +27,25 @@ usage() { sed -n '/^# Usage:/,/^#   e.g./p' "$0" | sed 's/^# \{0,1\}//' >&2; exi
 if [ "${1:-}" = "--bin" ]; then bin=$2; shift 2; fi
 # Raise the benchmark's priority where allowed (root), so stray work on the machine counts less.
 prio=(); if nice -n -20 true 2>/dev/null; then prio=(nice -n -20); fi
-[ $# -eq 3 ] || usage
-target=$1 config=$2 size=$3
+[ $# -eq 3 ] || { [ $# -eq 4 ] && [ "$1" = ps ]; } || usage
+target=$1 config=$2 size=$3 op=${4:-}
 case "$target" in
   ps)
     [[ "$config" =~ ^[1-8]x[1-8]$ ]] || { echo "tls_ceiling: layout '$config' is not SxC" >&2; exit 2; }
     [[ "$size" =~ ^[0-9]+$ ]] || { echo "tls_ceiling: size '$size' is not a number of MiB" >&2; exit 2; }
     bytes=$((size << 20)) few=20 many=200
-    run() { "${prio[@]}" "$bin/cohort-bench-ps" --layouts "$config" --sizes-mib "$size" --modes "$1" --repeats "$2" --min-mib 0; }
+    case "${op:=both}" in
+      push|pull) ops=("$op") ;;
+      both) ops=(push pull) ;;
+      *) echo "tls_ceiling: op '$op' is not push or pull" >&2; exit 2 ;;
+    esac
+    run() { "${prio[@]}" "$bin/cohort-bench-ps" --layouts "$config" --sizes-mib "$size" --modes "$1" \
+              --ops "${ops[@]}" --repeats "$2" --min-mib 0; }
     ;;
   allreduce)
     [[ "$config" =~ ^[0-9]+$ ]] || { echo "tls_ceiling: n '$config' is not a number" >&2; exit 2; }
     [[ "$size" =~ ^[0-9]+$ ]] || { echo "tls_ceiling: bytes '$size' is not a number" >&2; exit 2; }
-    bytes=$size few=10 many=100
+    bytes=$size few=10 many=100 op=allreduce
     # --seconds 1000 makes --max-iters the iteration count.
     run() { "${prio[@]}" "$bin/cohort-bench-allreduce" --ns "$config" --sizes "$size" --algos ring \
               --modes "$1" --seconds 1000 --max-iters "$2"; }
@@ -72,10 +80,10 @@ for mode in plain tls; do
   wall[$mode]=$(awk -v w="$dw" 'BEGIN{printf "%.3f", w / 1e9}')
   busy[$mode]=$(awk -v b="$db" -v i="$di" 'BEGIN{printf "%.3f", b / (b + i)}')
 done
-awk -v target="$target" -v config="$config" -v bytes="$bytes" \
+awk -v target="$target" -v config="$config" -v bytes="$bytes" -v op="$op" \
     -v pc="${cpu[plain]}" -v tc="${cpu[tls]}" -v pw="${wall[plain]}" -v tw="${wall[tls]}" \
     -v pb="${busy[plain]}" -v tb="${busy[tls]}" 'BEGIN {
-  printf "{\"bench\":\"tls_ceiling\",\"target\":\"%s\",\"config\":\"%s\",\"bytes\":%d,", target, config, bytes
+  printf "{\"bench\":\"tls_ceiling\",\"target\":\"%s\",\"config\":\"%s\",\"bytes\":%d,\"op\":\"%s\",", target, config, bytes, op
   printf "\"plain_cpu_s\":%s,\"tls_cpu_s\":%s,\"plain_wall_s\":%s,\"tls_wall_s\":%s,", pc, tc, pw, tw
   printf "\"plain_busy\":%s,\"tls_busy\":%s,", pb, tb
   printf "\"measured_ratio\":%.3f,\"ceiling_ratio\":%.3f}\n", pw / tw, (pc / pb) / tc

@@ -10,7 +10,8 @@
 // The model is an mlp sized so that its parameter vector is exactly N bytes. The I/O threads of
 // shards and clients run under --sched (batch, their default; keep: this process's policy).
 //
-//   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--sched batch|keep] [--quick]
+//   cohort-bench-ps [--sizes-mib 1 16 64] [--modes plain tls] [--ops push pull] [--sched batch|keep]
+//                   [--quick]
 //   cohort-bench-ps --rss-clients 50 --rss-model mlp:1000-10000-10   peak RSS of one shard while
 //                   that many clients push one update each (prints {"bench":"ps_rss",...})
 #include <fcntl.h>
@@ -223,7 +224,8 @@ void barrier(const Setup& s, int index, int workers, const std::string& phase) {
   }
 }
 
-int worker_main(const Setup& s, const std::string& url, int repeats, const std::string& op, int workers) {
+int worker_main(const Setup& s, const std::string& url, int repeats, const std::string& op, int workers,
+                const std::vector<std::string>& ops) {
   Worker w;
   w.name = "client-" + std::to_string(s.clients);  // --clients carries this worker's index here
   w.join(s, url);
@@ -296,38 +298,38 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
   // Alternating them (a training step's pattern) measured lower here: 16 MiB plaintext push
   // 2.2-3.0 GB/s against 3.2-4.3 in its own loop, on 2 cores where each switch of direction wakes
   // different threads.
-  std::vector<double> push_s, pull_s;
-  barrier(s, s.clients, workers, "push");
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    push();
-    push_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  barrier(s, s.clients, workers, "pull");
-  for (int r = 0; r < repeats; ++r) {
-    const auto t0 = Clock::now();
-    pull();
-    pull_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+  // Each loop reports the median of its timings; --ops leaves one out (bench/tls_ceiling.sh times
+  // one direction alone).
+  auto timed = [&](const std::string& name, auto&& run) {
+    if (std::find(ops.begin(), ops.end(), name) == ops.end()) return;
+    std::vector<double> secs;
+    barrier(s, s.clients, workers, name);
+    for (int r = 0; r < repeats; ++r) {
+      const auto t0 = Clock::now();
+      run();
+      secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(secs.begin(), secs.end());
+    out[name + "_gbps"] = static_cast<double>(bytes.size()) / secs[secs.size() / 2] / 1e9;
   };
-  out["push_gbps"] = static_cast<double>(bytes.size()) / median(push_s) / 1e9;
-  out["pull_gbps"] = static_cast<double>(bytes.size()) / median(pull_s) / 1e9;
+  timed("push", push);
+  timed("pull", pull);
   std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 
-std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, int repeats, const std::string& op) {
+std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, int repeats, const std::string& op,
+                                        const std::vector<std::string>& ops = {"push", "pull"}) {
   std::vector<pid_t> pids;
   for (int c = 0; c < 8; ++c) {  // the last run's barrier marks
     for (const char* phase : {"push-", "pull-"}) std::filesystem::remove(s.dir + "/" + phase + std::to_string(c));
   }
   for (int c = 0; c < s.clients; ++c) {
-    pids.push_back(spawn(self_path(), {"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
-                                       "--index", std::to_string(c), "--repeats", std::to_string(repeats),
-                                       "--op", op, "--workers", std::to_string(s.clients), "--sched", s.sched},
+    std::vector<std::string> args{"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
+                                  "--index", std::to_string(c), "--repeats", std::to_string(repeats),
+                                  "--op", op, "--workers", std::to_string(s.clients), "--sched", s.sched, "--ops"};
+    args.insert(args.end(), ops.begin(), ops.end());
+    pids.push_back(spawn(self_path(), args,
                          s.dir + "/worker-" + std::to_string(c) + ".out", s.dir + "/worker-" + std::to_string(c) + ".err"));
   }
   std::vector<nlohmann::json> results;
@@ -389,6 +391,7 @@ int main(int argc, char** argv) {
   std::vector<std::size_t> sizes{1, 16, 64};
   std::vector<std::string> modes{"plain", "tls"};
   std::vector<std::string> layout_specs{"1x1", "1x2", "2x2"};
+  std::vector<std::string> ops{"push", "pull"};
   int repeats = 7, rss_clients = 0;
   std::size_t min_mib = 256;
   bool quick = false;
@@ -402,6 +405,9 @@ int main(int argc, char** argv) {
       ->check([](const std::string& v) -> std::string {
         return parse_layout(v) ? "" : "expected SHARDSxCLIENTS with each from 1 to 8, e.g. 2x2";
       })
+      ->capture_default_str();
+  app.add_option("--ops", ops, "timed loops to run: push and/or pull")
+      ->check(CLI::IsMember({"push", "pull"}))
       ->capture_default_str();
   app.add_option("--repeats", repeats, "timed pushes and pulls per client");
   app.add_option("--min-mib", min_mib,
@@ -427,7 +433,7 @@ int main(int argc, char** argv) {
     const std::string bin = std::filesystem::path(self_path()).parent_path().string();
     if (role == "worker") {
       Setup s{dir, mode, "", bin, 1, index, sched};
-      return worker_main(s, url, repeats, op, workers);
+      return worker_main(s, url, repeats, op, workers, ops);
     }
     const auto tmp = std::filesystem::temp_directory_path() / ("cohort-bench-ps-" + std::to_string(getpid()));
     std::filesystem::create_directories(tmp);
@@ -481,23 +487,23 @@ int main(int argc, char** argv) {
         for (std::size_t mib : sizes) {
           Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
           // A 1 MiB push takes ~0.3 ms: 7 of them time the scheduler's mood more than the transport.
-          const int ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / mib));
+          const int n_ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / mib));
           auto [pids, coord] = start_servers(s, {});
           std::vector<nlohmann::json> results;
           try {
-            results = run_workers(s, coord, ops, "bench");
+            results = run_workers(s, coord, n_ops, "bench", ops);
           } catch (...) {
             for (auto p : pids) stop(p);
             throw;
           }
           for (auto p : pids) stop(p);
-          for (const char* opname : {"push", "pull"}) {
+          for (const std::string& opname : ops) {
             double sum = 0;
-            for (auto& r : results) sum += r[std::string(opname) + "_gbps"].get<double>();
+            for (auto& r : results) sum += r[opname + "_gbps"].get<double>();
             std::printf("{\"bench\":\"ps\",\"op\":\"%s\",\"shards\":%d,\"clients\":%d,\"bytes\":%zu,"
                         "\"mode\":\"%s\",\"gbps\":%.3f,\"repeats\":%d,\"sched\":\"%s\"}\n",
-                        opname, shards, clients, mib << 20, m.c_str(), sum / static_cast<double>(results.size()),
-                        ops, sched.c_str());
+                        opname.c_str(), shards, clients, mib << 20, m.c_str(),
+                        sum / static_cast<double>(results.size()), n_ops, sched.c_str());
             std::fflush(stdout);
           }
         }
