@@ -19,4 +19,8 @@ function(cohort_add_tests name)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+  # Collected into the target cohort_unprivileged_tests (top-level CMakeLists.txt).
+  if(NOT "root" IN_LIST ARG_LABELS)
+    set_property(GLOBAL APPEND PROPERTY COHORT_UNPRIVILEGED_TESTS ${name})
+  endif()
 endfunction()
