@@ -1560,7 +1560,8 @@ ConfigSchema config_schema() {
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
       .add("transport.receive_queue", std::int64_t{0},
-           "chunks queued per client before TCP pushes back (0: 1 in plaintext, 2 under TLS)")
+           "chunks queued per client before TCP pushes back (0: 1 in plaintext; under TLS 2 while "
+           "at most 8 clients are connected, then 1)")
       .add_section("decentralized", "server.mode = decentralized: peers = 4, topology = ring, algorithm = dpsgd, steps, lr, batch, momentum, mu, gamma, compressor, weight_decay, partition, gossip_timeout_ms (sent to every peer)")
       .add_section("train", "client-side training options sent to clients (epochs, batch_size, lr, momentum, optimizer, ...)")
       .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
@@ -1623,13 +1624,16 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
   // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
   // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
-  // the socket meanwhile, and 16 MiB pushes ran at 2.6 GB/s here against 3.6-4.5 with two.
+  // the socket meanwhile, and 16 MiB pushes ran at 2.6 GB/s here against 3.6-4.5 with two. Two
+  // pay off only while few clients stream at once: with many, the shard always has another
+  // client's chunk to work on, so past 8 connected peers each gets one (a budget of 16).
   const std::int64_t queue = config.get_int("transport.receive_queue");
   if (queue < 0 || queue > 65536) {
     throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
                       std::to_string(queue));
   }
   opts.receive_queue = queue > 0 ? static_cast<int>(queue) : (opts.security.insecure ? 1 : 2);
+  if (queue == 0 && !opts.security.insecure) opts.receive_budget = 16;
   auto ep = Endpoint::bind(ctx, config.get_string("server.listen"), opts);
   write_port_file(config.get_string("server.port_file"), ep.url());
   COHORT_LOG(Info) << name << " listening on " << ep.url() << (ep.is_secure() ? " (TLS)" : " (plaintext)");

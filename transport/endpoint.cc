@@ -1311,7 +1311,26 @@ struct Endpoint::Impl {
     }
   }
 
+  // Shares options.receive_budget out among the ROUTER's peers. A new ZMQ_RCVHWM reaches the
+  // socket's existing pipes (a lowered one lets what is queued drain first), but a connection
+  // that ZeroMQ accepts later gets its pipe from the listener's copy of the options, made at
+  // bind: so it is set again whenever peers were added under a reduced queue.
+  void share_receive_budget() {
+    if (!is_router || options.receive_budget <= 0) return;
+    const std::size_t peers = std::max<std::size_t>(sessions.size(), 1);
+    const auto most = static_cast<std::size_t>(std::max(1, options.receive_queue));
+    const int per_peer = static_cast<int>(
+        std::clamp<std::size_t>(static_cast<std::size_t>(options.receive_budget) / peers, 1, most));
+    const bool reduced = static_cast<std::size_t>(per_peer) < most;
+    if (per_peer == stats.receive_queue && !(reduced && peers > budget_peers)) return;
+    socket.set(zmq::sockopt::rcvhwm, per_peer);
+    stats.receive_queue = per_peer;
+    budget_peers = peers;
+  }
+  std::size_t budget_peers = 0;  // peers when the queue was last set
+
   void sweep() {
+    share_receive_budget();  // each pass: a burst of new peers is seen before its data flows
     const auto now = Clock::now();
     if (now - last_sweep < std::chrono::seconds(1)) return;
     last_sweep = now;
@@ -1401,7 +1420,8 @@ struct Endpoint::Impl {
     socket.set(zmq::sockopt::linger, 0);
     socket.set(zmq::sockopt::sndtimeo, static_cast<int>(options.send_timeout.count()));
     socket.set(zmq::sockopt::sndhwm, 4096);
-    socket.set(zmq::sockopt::rcvhwm, std::max(1, options.receive_queue));
+    stats.receive_queue = std::max(1, options.receive_queue);
+    socket.set(zmq::sockopt::rcvhwm, stats.receive_queue);
     // Refuse absurd frames inside ZeroMQ, before any allocation of ours.
     const std::int64_t max_frame =
         static_cast<std::int64_t>(std::max<std::size_t>(options.chunk_bytes, 64 << 20)) + 65536;

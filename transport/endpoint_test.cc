@@ -287,6 +287,43 @@ TEST_CASE("chunked transfers reassemble, or stream chunk by chunk, over plaintex
   }
 }
 
+TEST_CASE("a ROUTER shares its receive budget out among its peers") {
+  auto& p = pki();
+  Context ctx;
+  auto so = options("shard-0", p.shard0);
+  so.receive_queue = 2;
+  so.receive_budget = 2;  // two records for one peer, one each for two
+  auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", so);
+  CHECK(server.stats().receive_queue == 2);
+  std::vector<Endpoint> clients;
+  for (const auto* who : {&p.client0, &p.client1}) {
+    const std::string name = who == &p.client0 ? "client-0" : "client-1";
+    clients.push_back(Endpoint::connect(ctx, server.url(), options(name, *who)));
+    for (int i = 0; i < 200 && !clients.back().is_ready(); ++i) {
+      (void)server.receive(5ms);
+      try {
+        clients.back().wait_ready(5ms);
+      } catch (const TimeoutError&) {
+      }
+    }
+    REQUIRE(clients.back().is_ready());
+    (void)server.receive(5ms);  // a pass after the handshake shares the budget out again
+    CHECK(server.stats().receive_queue == (clients.size() == 1 ? 2 : 1));
+  }
+  // Records still flow from both under the smaller queue.
+  for (std::size_t c = 0; c < clients.size(); ++c) {
+    const auto data = random_bytes(3 << 20, c);  // three 1 MiB chunks
+    Envelope e;
+    e.body = Pull{0, 0, 10, 0};
+    clients[c].send({}, std::move(e), Payload{data, nullptr});
+    std::optional<Message> m;
+    for (int i = 0; i < 200 && !m; ++i) m = server.receive(10ms);
+    REQUIRE(m);
+    CHECK(m->payload.size() == data.size());
+    CHECK(std::equal(data.begin(), data.end(), m->payload.data()));
+  }
+}
+
 TEST_CASE("refused: a certificate from another CA, in both directions") {
   auto& p = pki();
   ServerThread server(options("shard-0", p.shard0));
