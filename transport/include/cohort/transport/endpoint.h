@@ -81,9 +81,10 @@ struct EndpointOptions {
   int heartbeat_ms = 1000;                           // ZMTP heartbeats; peer dead after 5x
   int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
   // ROUTER: records queued inside ZeroMQ across all peers, shared out as budget / peers per peer,
-  // from 1 to receive_queue, as peers come and go (0: receive_queue for every peer). A deep queue
-  // helps one client streaming alone; with many, each waits its turn anyway and the queues are
-  // only memory (50 clients of a shard: 2 queued 1 MiB chunks each under TLS peaked 50 MiB above 1).
+  // from 1 to receive_queue, as peers connect and their sessions expire (0: receive_queue for
+  // every peer). A deep queue helps one client streaming alone; with many, each waits its turn
+  // anyway and the queues are only memory (50 clients of a shard: 2 queued 1 MiB chunks each
+  // under TLS peaked 50 MiB above 1).
   int receive_budget = 0;
   // Multiplexed connections, for plaintext inproc:// only (a ConfigError elsewhere): one socket
   // speaks for many virtual nodes of this process (cohort-sim's fleet). DEALER: send() keeps a
