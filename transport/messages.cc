@@ -62,6 +62,7 @@ struct Writer {
     w.setCurrentRound(m.current_round);
     w.setHeartbeatMs(m.heartbeat_ms);
     w.setTrainingToml(m.training_toml);
+    w.setCoordinatorEpoch(m.coordinator_epoch);
     auto list = w.initShards(static_cast<unsigned>(m.shards.size()));
     for (unsigned i = 0; i < m.shards.size(); ++i) {
       const auto& s = m.shards[i];
@@ -165,6 +166,7 @@ struct Writer {
     r.setRound(m.round);
     r.setCommit(m.commit);
     r.setClients(m.clients);
+    r.setPrepare(m.prepare);
   }
   void operator()(const ClientReport& m) {
     auto r = b.initReport();
@@ -182,6 +184,7 @@ struct Writer {
     r.setEvalCount(m.eval_count);
     r.setModelVersion(m.model_version);
     r.setMessage(m.message);
+    r.setFatal(m.fatal);
   }
 };
 
@@ -197,7 +200,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
     case wire::Envelope::Body::WELCOME: {
       auto w = b.getWelcome();
       Welcome out{w.getClientIndex(), w.getModelSize(), text(w.getModelSpec(), "modelSpec"), {},
-                  w.getCurrentRound(), w.getHeartbeatMs(), text(w.getTrainingToml(), "trainingToml")};
+                  w.getCurrentRound(), w.getHeartbeatMs(), text(w.getTrainingToml(), "trainingToml"),
+                  w.getCoordinatorEpoch()};
       auto shards = w.getShards();
       if (shards.size() > kMaxShards) {
         throw ProtocolError("welcome lists " + std::to_string(shards.size()) + " shards (limit " +
@@ -289,7 +293,7 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::ROUND_CLOSE: {
       auto r = b.getRoundClose();
-      return RoundClose{r.getRound(), r.getCommit(), r.getClients()};
+      return RoundClose{r.getRound(), r.getCommit(), r.getClients(), r.getPrepare()};
     }
     case wire::Envelope::Body::REPORT: {
       auto r = b.getReport();
@@ -297,7 +301,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
                           r.getTrainLoss(),     r.getTrainSeconds(), r.getCommSeconds(),
                           r.getBytesSent(),     r.getBytesReceived(), r.getEvaluated(),
                           r.getEvalLoss(),      r.getEvalAccuracy(), r.getEvalCount(),
-                          r.getModelVersion(),  text(r.getMessage(), "message")};
+                          r.getModelVersion(),  text(r.getMessage(), "message"),
+                          r.getFatal()};
     }
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");

@@ -27,7 +27,7 @@ std::vector<Body> every_body() {
       Register{Role::kClient, 6000, "cuda:0", "tcp://10.0.0.1:5000", 77, 2, "iid 3/10"},
       Welcome{3, 235146, "mlp:784-256-128-10",
               {{0, "tcp://a:1", "shard-0", 0, 117573}, {1, "tcp://b:2", "shard-1", 117573, 235146}},
-              5, 1000, "epochs = 1\n"},
+              5, 1000, "epochs = 1\n", 0x1234567890abcdefULL},
       Heartbeat{12, 0.5f},
       RoundStart{4, 30000, 1, 0, 0.05f, 4, true, TrainingMode::kDataParallel, 32},
       Pull{1, 10, 20, 3},
@@ -39,8 +39,8 @@ std::vector<Body> every_body() {
       GossipExchange{8, 3, 0.25, Encoding::kSign, 1000},
       AllreduceChunk{5, 2, 1, 3, 4096, 1024},
       Bye{"done"},
-      RoundClose{7, true, 9},
-      ClientReport{7, true, 600, 0.5f, 1.5f, 0.25f, 100, 200, true, 0.4f, 0.85f, 10000, 6, "ok"},
+      RoundClose{7, true, 9, true},
+      ClientReport{7, true, 600, 0.5f, 1.5f, 0.25f, 100, 200, true, 0.4f, 0.85f, 10000, 6, "ok", true},
       RoundOpen{8, {"client-1", "client-7", "c00042"}},
   };
 }

@@ -102,6 +102,7 @@ struct Welcome {
   currentRound @4 :UInt64;
   heartbeatMs @5 :UInt32;   # how often the client must send a Heartbeat
   trainingToml @6 :Text;    # client-side training options (epochs, batch, optimizer) as TOML
+  coordinatorEpoch @7 :UInt64;  # random per coordinator process: a change means it restarted
 }
 
 # Liveness, both ways. `clock` is the sender's data-parallel step (SSP bookkeeping).
@@ -237,6 +238,7 @@ struct RoundClose {
   round @0 :UInt64;
   commit @1 :Bool;
   clients @2 :UInt32;       # how many clients the coordinator counted as complete
+  prepare @3 :Bool;         # phase one: compute the aggregate, answer whether the rule could
 }
 
 # Client -> coordinator: what one round (or one evaluation) did.
@@ -255,4 +257,5 @@ struct ClientReport {
   evalCount @11 :UInt64;
   modelVersion @12 :UInt64; # version that was trained on or evaluated
   message @13 :Text;        # why training failed, if it did
+  fatal @14 :Bool;          # the client stops for good; message says why
 }

@@ -58,6 +58,9 @@ struct Welcome {
   std::uint64_t current_round = 0;
   std::uint32_t heartbeat_ms = 0;
   std::string training_toml;
+  // Random per coordinator process: a shard that sees it change knows the coordinator restarted
+  // and drops the state of any round it had open (the new coordinator reopens it from scratch).
+  std::uint64_t coordinator_epoch = 0;
   bool operator==(const Welcome&) const = default;
 };
 struct Heartbeat {
@@ -157,6 +160,9 @@ struct RoundClose {
   std::uint64_t round = 0;
   bool commit = false;
   std::uint32_t clients = 0;
+  // Phase one of two: the shard computes the round's aggregate and answers (PushAck) whether its
+  // rule could; the coordinator then commits (commit = true) only if every shard could.
+  bool prepare = false;
   bool operator==(const RoundClose&) const = default;
 };
 struct ClientReport {
@@ -174,6 +180,8 @@ struct ClientReport {
   std::uint64_t eval_count = 0;
   std::uint64_t model_version = 0;
   std::string message;
+  // The client stops for good (bad configuration, unusable device, ...): `message` says why.
+  bool fatal = false;
   bool operator==(const ClientReport&) const = default;
 };
 
