@@ -123,6 +123,7 @@ struct Writer {
     a.setAccepted(m.accepted);
     a.setReason(m.reason);
     a.setVersion(m.version);
+    a.setPrepared(m.prepared);
   }
   void operator()(const ChunkHeader& m) {
     auto c = b.initChunk();
@@ -252,7 +253,7 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::PUSH_ACK: {
       auto a = b.getPushAck();
-      return PushAck{a.getAccepted(), text(a.getReason(), "reason"), a.getVersion()};
+      return PushAck{a.getAccepted(), text(a.getReason(), "reason"), a.getVersion(), a.getPrepared()};
     }
     case wire::Envelope::Body::CHUNK: {
       auto c = b.getChunk();

@@ -33,7 +33,7 @@ std::vector<Body> every_body() {
       Pull{1, 10, 20, 3},
       PullReply{1, 10, 20, 4, Encoding::kDenseBf16},
       Push{1, 10, 20, 600, 4, Encoding::kTopK, PushKind::kGradient, 0.25f, 17, 10},
-      PushAck{false, "late", 5},
+      PushAck{false, "late", 5, true},
       ChunkHeader{41, 2, 3, 2 << 20},
       ErrorBody{ErrorCode::kBadRange, "range out of shard", 40},
       GossipExchange{8, 3, 0.25, Encoding::kSign, 1000},

@@ -171,6 +171,7 @@ struct PushAck {
   accepted @0 :Bool;
   reason @1 :Text;          # why it was refused (late, duplicate, wrong round, non-finite, ...)
   version @2 :UInt64;       # shard's model version after the push
+  prepared @3 :Bool;        # answers RoundClose.prepare (accepted: the rule could aggregate)
 }
 
 # One further chunk of the payload announced by an earlier head message from the same sender.

@@ -112,6 +112,9 @@ struct PushAck {
   bool accepted = false;
   std::string reason;
   std::uint64_t version = 0;
+  // A shard's answer to RoundClose.prepare (accepted: its rule produced the aggregate; reason:
+  // why not), as opposed to its answer to the close itself.
+  bool prepared = false;
   bool operator==(const PushAck&) const = default;
 };
 struct ChunkHeader {
