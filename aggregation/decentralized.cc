@@ -1,7 +1,10 @@
 #include "cohort/aggregation/decentralized.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <cstring>
 #include <string>
 
@@ -202,7 +205,8 @@ class PushSum final : public DecentralizedOptimizer {
 // data-parallel baseline the gossip methods approximate; a crashed node stops it (TimeoutError).
 class AllreduceSgd final : public DecentralizedOptimizer {
  public:
-  AllreduceSgd(float beta, float wd, bool nesterov) : beta_(beta), wd_(wd), nesterov_(nesterov) {}
+  AllreduceSgd(float beta, float wd, bool nesterov, AllreduceAlgo algo)
+      : beta_(beta), wd_(wd), nesterov_(nesterov), algo_(algo) {}
   std::string_view name() const override { return "ring_allreduce"; }
   bool needs_symmetric() const override { return false; }
   void step(std::uint64_t, std::span<float> x, std::span<const float> grad, float lr,
@@ -211,6 +215,7 @@ class AllreduceSgd final : public DecentralizedOptimizer {
     if (!reducer_) {
       AllreduceOptions o;
       o.timeout = std::chrono::milliseconds(60000);
+      o.algo = algo_;
       reducer_ = std::make_unique<AllReducer>(gossip.comm(), o);
     }
     g_.assign(grad.begin(), grad.end());
@@ -226,6 +231,7 @@ class AllreduceSgd final : public DecentralizedOptimizer {
  private:
   float beta_, wd_;
   bool nesterov_;
+  AllreduceAlgo algo_;
   std::unique_ptr<AllReducer> reducer_;
   std::vector<float> g_, m_;
 };
@@ -306,11 +312,13 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
         static_cast<std::uint64_t>(o.get_int("seed", 1)));
   });
   registry.add("ring_allreduce", [](const ConfigSection& o, std::shared_ptr<const Compressor>) {
-    static constexpr std::array<std::string_view, 3> known{"momentum", "weight_decay", "nesterov"};
+    static constexpr std::array<std::string_view, 4> known{"momentum", "weight_decay", "nesterov",
+                                                           "allreduce"};
     o.require_known(known);
     return std::make_unique<AllreduceSgd>(float_option(o, "momentum", 0.9, 0, 1),
                                           float_option(o, "weight_decay", 0, 0, 1),
-                                          o.get_bool("nesterov", false));
+                                          o.get_bool("nesterov", false),
+                                          parse_allreduce_algo(o.get_string("allreduce", "ring")));
   });
   for (const char* name : {"push_sum", "sgp"}) {
     registry.add(name, [](const ConfigSection& o, std::shared_ptr<const Compressor>) {
@@ -320,6 +328,151 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
                                        float_option(o, "weight_decay", 0, 0, 1));
     });
   }
+}
+
+namespace {
+
+constexpr std::string_view kTopologyPrefix = "topology_options.";
+constexpr std::string_view kCompressorPrefix = "compressor_options.";
+constexpr std::array<std::string_view, 10> kRunKeys{
+    "peers", "steps", "lr", "batch", "partition", "gossip_timeout_ms", "staleness",
+    "algorithm", "topology", "compressor"};
+constexpr std::array<std::string_view, 8> kOptimizerKeys{
+    "weight_decay", "overlap", "momentum", "nesterov", "mu", "gamma", "seed", "allreduce"};
+
+std::int64_t int_key(const ConfigSection& s, std::string_view key, std::int64_t fallback,
+                     std::int64_t lo, std::int64_t hi) {
+  const std::int64_t v = s.get_int(key, fallback);
+  if (v < lo || v > hi) {
+    throw ConfigError(s.prefix() + "." + std::string(key) + " must be between " +
+                      std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                      std::to_string(v));
+  }
+  return v;
+}
+
+// A value of `s` with its own type (ConfigSection hides it: try the getters from the strictest).
+Value value_of(const ConfigSection& s, const std::string& name) {
+  try {
+    return s.get_bool(name, false);
+  } catch (const ConfigError&) {
+  }
+  try {
+    return s.get_int(name, 0);
+  } catch (const ConfigError&) {
+  }
+  try {
+    return s.get_double(name, 0);
+  } catch (const ConfigError&) {
+  }
+  return s.get_string(name, "");
+}
+
+// The keys of `s` under `prefix`, without it, as the section "<s's prefix>.<prefix>".
+ConfigSection sub_section(const ConfigSection& s, std::string_view prefix) {
+  std::map<std::string, Value, std::less<>> values;
+  for (const auto& name : s.names()) {
+    if (name.starts_with(prefix)) values[name.substr(prefix.size())] = value_of(s, name);
+  }
+  return ConfigSection(s.prefix() + "." + std::string(prefix.substr(0, prefix.size() - 1)),
+                       std::move(values));
+}
+
+// The algorithms whose gossip goes through Gossip::mix(), the only asynchronous one.
+bool mixes(std::string_view algorithm) {
+  return algorithm == "dpsgd" || algorithm.starts_with("dsgdm") || algorithm.starts_with("qg_");
+}
+
+}  // namespace
+
+DecentralizedSettings decentralized_settings_from(
+    const ConfigSection& section, const std::function<void(const std::string&)>& check_partition) {
+  const std::string& p = section.prefix();
+  for (const auto& name : section.names()) {
+    if (name.starts_with(kTopologyPrefix) || name.starts_with(kCompressorPrefix)) continue;
+    const bool run_key = std::find(kRunKeys.begin(), kRunKeys.end(), name) != kRunKeys.end();
+    const bool opt_key =
+        std::find(kOptimizerKeys.begin(), kOptimizerKeys.end(), name) != kOptimizerKeys.end();
+    if (!run_key && !opt_key) {
+      std::string known;
+      for (auto k : kRunKeys) known += std::string(known.empty() ? "" : ", ") + std::string(k);
+      for (auto k : kOptimizerKeys) known += ", " + std::string(k);
+      throw ConfigError("unknown config key '" + p + "." + name + "' (known: " + known +
+                        ", topology_options.*, compressor_options.*)");
+    }
+  }
+  DecentralizedSettings out;
+  out.peers = int_key(section, "peers", 4, 1, 4096);
+  out.steps = static_cast<std::uint64_t>(int_key(section, "steps", 100, 1, std::int64_t{1} << 40));
+  out.lr = section.get_double("lr", 0.05);
+  if (!(out.lr > 0) || !std::isfinite(out.lr)) {
+    throw ConfigError(p + ".lr must be a finite number > 0, got " + std::to_string(out.lr));
+  }
+  out.batch = static_cast<std::size_t>(int_key(section, "batch", 32, 1, 1 << 20));
+  out.partition = section.get_string("partition", "");
+  if (!out.partition.empty() && check_partition) check_partition(out.partition);
+  out.gossip_timeout = std::chrono::milliseconds(
+      int_key(section, "gossip_timeout_ms", 5000, 1, std::int64_t{1} << 40));
+  out.staleness = static_cast<std::uint64_t>(int_key(section, "staleness", 0, 0, 1 << 20));
+  out.algorithm = section.get_string("algorithm", "dpsgd");
+  out.topology = section.get_string("topology", "ring");
+  out.compressor = section.get_string("compressor", "none");
+  std::map<std::string, Value, std::less<>> optimizer_values;
+  for (auto k : kOptimizerKeys) {
+    if (section.has(k)) optimizer_values[std::string(k)] = value_of(section, std::string(k));
+  }
+  out.optimizer_options = ConfigSection(p, std::move(optimizer_values));
+  out.topology_options = sub_section(section, kTopologyPrefix);
+  out.compressor_options = sub_section(section, kCompressorPrefix);
+
+  const bool compresses = out.algorithm == "choco";
+  if (!compresses && (out.compressor != "none" || !out.compressor_options.names().empty())) {
+    throw ConfigError(p + ".compressor and " + p + ".compressor_options.* apply to choco only (" +
+                      out.algorithm + " has no compressed form; ALGORITHMS.md 7.7)");
+  }
+  auto topology = make_topology(out);
+  (void)topology->mixing(static_cast<Rank>(out.peers), 0);  // a graph that exists for `peers`
+  auto optimizer = make_optimizer(out, make_compressor(out));
+  if (optimizer->needs_symmetric() && !topology->symmetric()) {
+    throw ConfigError(out.algorithm + " needs a symmetric topology; " + out.topology +
+                      " is directed (use push_sum)");
+  }
+  if (out.staleness > 0 && !mixes(out.algorithm)) {
+    throw ConfigError(p + ".staleness applies to dpsgd, dsgdm, dsgdm_n, qg_dsgdm and qg_dsgdm_n (" +
+                      out.algorithm + "'s exchanges are synchronous)");
+  }
+  if (out.staleness > 0 && topology->time_varying()) {
+    throw ConfigError(p + ".staleness needs a static topology; " + out.topology +
+                      " changes every step");
+  }
+  return out;
+}
+
+std::unique_ptr<Topology> make_topology(const DecentralizedSettings& settings) {
+  TopologyRegistry registry;
+  add_builtin_topologies(registry);
+  return registry.create(settings.topology, settings.topology_options);
+}
+
+std::shared_ptr<const Compressor> make_compressor(const DecentralizedSettings& settings) {
+  if (settings.algorithm != "choco") return nullptr;
+  // Error feedback only when asked: CHOCO's public copies already carry what was not sent.
+  std::map<std::string, Value, std::less<>> options;
+  for (const auto& name : settings.compressor_options.names()) {
+    options[name] = value_of(settings.compressor_options, name);
+  }
+  options.try_emplace("error_feedback", false);
+  CompressorRegistry registry;
+  add_builtin_compressors(registry);
+  return registry.create(settings.compressor,
+                         ConfigSection(settings.compressor_options.prefix(), std::move(options)));
+}
+
+std::unique_ptr<DecentralizedOptimizer> make_optimizer(
+    const DecentralizedSettings& settings, std::shared_ptr<const Compressor> compressor) {
+  DecentralizedOptimizerRegistry registry;
+  add_builtin_decentralized_optimizers(registry);
+  return registry.create(settings.algorithm, settings.optimizer_options, std::move(compressor));
 }
 
 double consensus_distance(const std::vector<std::vector<float>>& models) {

@@ -2,7 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <limits>
 #include <thread>
 
@@ -365,6 +367,119 @@ TEST_CASE("ring_allreduce keeps every node on the same model: SGD on the mean gr
       CHECK(r.history[4][i][k] == r.history[4][0][k]);
     }
   }
+}
+
+TEST_CASE("ring_allreduce's allreduce option picks the collective: recursive doubling is selectable") {
+  const Rank n = 4;
+  const std::size_t d = 32768;  // 128 KiB: kAuto would pick the ring
+  auto ring = topology("ring");
+  const Models x0(n, std::vector<float>(d, 1.0f));
+  GradFn per_node = [](Rank r, std::uint64_t, std::span<const float>, std::span<float> g) {
+    std::fill(g.begin(), g.end(), static_cast<float>(r));
+  };
+  auto bytes = [&](std::string_view algo) {
+    const auto r = run(*ring, n, "ring_allreduce",
+                       ConfigSection("o", {{"momentum", 0.0}, {"allreduce", std::string(algo)}}),
+                       nullptr, x0, 2, 0.5f, per_node);
+    for (Rank i = 0; i < n; ++i) CHECK(r.history[2][i][0] == doctest::Approx(1.0 - 2 * 0.5 * 1.5));
+    return r.bytes_sent[0];
+  };
+  // Per step and rank: the ring sends 2(n-1)/n of the vector, recursive doubling log2(n) times it.
+  const std::uint64_t vec = d * sizeof(float);
+  CHECK(bytes("ring") < 2 * vec * 16 / 10);
+  CHECK(bytes("recursive_doubling") >= 2 * 2 * vec);
+  DecentralizedOptimizerRegistry registry;
+  add_builtin_decentralized_optimizers(registry);
+  CHECK_THROWS_AS((void)registry.create("ring_allreduce",
+                                        ConfigSection("o", {{"allreduce", std::string("tre")}})),
+                  ConfigError);
+}
+
+ConfigSection decentralized(std::map<std::string, Value, std::less<>> values) {
+  return ConfigSection("decentralized", std::move(values));
+}
+
+TEST_CASE("decentralized settings: every key checked, options reach the topology, compressor and optimizer") {
+  // Defaults.
+  const auto d = decentralized_settings_from(decentralized({}));
+  CHECK(d.peers == 4);
+  CHECK(d.algorithm == "dpsgd");
+  CHECK(d.topology == "ring");
+  CHECK(make_compressor(d) == nullptr);
+  // Unknown keys, bad values, and options the algorithm does not take are refused.
+  CHECK_THROWS_WITH_AS((void)decentralized_settings_from(decentralized({{"stpes", std::int64_t{5}}})),
+                       doctest::Contains("decentralized.stpes"), ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized({{"steps", std::int64_t{0}}})),
+                  ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized({{"lr", 0.0}})), ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized({{"peers", std::int64_t{0}}})),
+                  ConfigError);
+  CHECK_THROWS_WITH_AS((void)decentralized_settings_from(decentralized({{"gamma", 0.5}})),
+                       doctest::Contains("decentralized.gamma"), ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(
+                      decentralized({{"algorithm", std::string("dsgdm")}, {"momentum", 2.0}})),
+                  ConfigError);
+  // Topology options reach random_regular: its default degree 4 has no graph on 4 nodes.
+  CHECK_THROWS_WITH_AS((void)decentralized_settings_from(
+                           decentralized({{"topology", std::string("random_regular")}})),
+                       doctest::Contains("no 4-regular graph on 4 nodes"), ConfigError);
+  const auto rr = decentralized_settings_from(
+      decentralized({{"topology", std::string("random_regular")},
+                     {"topology_options.degree", std::int64_t{2}},
+                     {"topology_options.seed", std::int64_t{7}}}));
+  const auto w = make_topology(rr)->mixing(4, 0);
+  for (Rank i = 0; i < 4; ++i) CHECK(neighbourhood(w, i).in.size() == 2);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized(
+                      {{"topology", std::string("random_regular")},
+                       {"topology_options.degre", std::int64_t{2}}})),
+                  ConfigError);
+  // Only choco compresses; its compressor gets its options, error feedback only when asked.
+  CHECK_THROWS_WITH_AS((void)decentralized_settings_from(
+                           decentralized({{"compressor", std::string("topk")}})),
+                       doctest::Contains("choco only"), ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized(
+                      {{"algorithm", std::string("push_sum")}, {"topology", std::string("exponential")},
+                       {"compressor_options.k", std::int64_t{1}}})),
+                  ConfigError);
+  const auto choco = decentralized_settings_from(
+      decentralized({{"algorithm", std::string("choco")}, {"compressor", std::string("topk")},
+                     {"compressor_options.k", std::int64_t{1}}, {"gamma", 0.1}}));
+  const auto q = make_compressor(choco);
+  REQUIRE(q != nullptr);
+  CHECK(q->encoding() == "topk");
+  CHECK(q->make_state(100) == nullptr);  // no error feedback unless asked
+  std::vector<float> x(100, 1.0f), back(100);
+  x[42] = 5.0f;
+  std::vector<std::byte> wire;
+  q->encode(x, nullptr, 1, wire);
+  q->decode(wire, back);
+  CHECK(std::count_if(back.begin(), back.end(), [](float v) { return v != 0; }) == 1);  // k = 1
+  CHECK(back[42] == 5.0f);
+  const auto ef = decentralized_settings_from(decentralized(
+      {{"algorithm", std::string("choco")}, {"compressor", std::string("topk")},
+       {"compressor_options.k_fraction", 0.1}, {"compressor_options.error_feedback", true}}));
+  CHECK(make_compressor(ef)->make_state(100) != nullptr);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized(
+                      {{"algorithm", std::string("choco")}, {"compressor", std::string("topk")},
+                       {"compressor_options.k_fractoin", 0.1}})),
+                  ConfigError);
+  // The recursive-doubling collective, and staleness only where gossip is asynchronous.
+  (void)decentralized_settings_from(decentralized(
+      {{"algorithm", std::string("ring_allreduce")}, {"allreduce", std::string("recursive_doubling")}}));
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized(
+                      {{"algorithm", std::string("ring_allreduce")}, {"staleness", std::int64_t{2}}})),
+                  ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(decentralized(
+                      {{"topology", std::string("time_varying")}, {"staleness", std::int64_t{2}}})),
+                  ConfigError);
+  CHECK_THROWS_AS((void)decentralized_settings_from(
+                      decentralized({{"topology", std::string("exponential")}})),  // dpsgd: symmetric
+                  ConfigError);
+  // The partition check is the caller's.
+  CHECK_THROWS_AS((void)decentralized_settings_from(
+                      decentralized({{"partition", std::string("bogus")}}),
+                      [](const std::string& p) { throw ConfigError("bad partition " + p); }),
+                  ConfigError);
 }
 
 TEST_CASE("asynchronous gossip needs a static topology") {

@@ -17,11 +17,15 @@
 //                with the Compressor given to create(); memory-efficient form (x, x_hat, s)
 //   push_sum:    momentum = 0, weight_decay = 0   (5.4) SGP for directed / time-varying graphs;
 //                gradients must be taken at eval_point() = x / w  (alias "sgp")
-//   ring_allreduce: momentum = 0.9, nesterov = false, weight_decay = 0   exact gradient average
-//                by AllReduce over the Comm, then a momentum step: the data-parallel baseline
+//   ring_allreduce: momentum = 0.9, nesterov = false, weight_decay = 0, allreduce = "ring"
+//                exact gradient average by AllReduce over the Comm (allreduce = ring |
+//                recursive_doubling | auto, allreduce.h), then a momentum step: the data-parallel
+//                baseline
+// Only choco has a compressed form (7.7): the others take no compressor.
 // Thread-safety: one instance per node, driven by the node's thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +37,7 @@
 
 #include "cohort/aggregation/compressor.h"
 #include "cohort/aggregation/gossip.h"
+#include "cohort/aggregation/topology.h"
 #include "cohort/core/config.h"
 
 namespace cohort::aggregation {
@@ -69,6 +74,53 @@ class DecentralizedOptimizerRegistry {
 };
 
 void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& registry);
+
+// The settings of a decentralized run: the [decentralized] section, which the rendezvous checks at
+// start-up and sends to every peer, and every peer reads back with the same function. Keys:
+//   peers = 4 (1..4096)     steps = 100 (>= 1)      lr = 0.05 (> 0)     batch = 32 (>= 1)
+//   partition = ""          the data split (empty: each peer's data.partition)
+//   gossip_timeout_ms = 5000 (>= 1)     staleness = 0 (asynchronous gossip: the mix() algorithms
+//                           dpsgd, dsgdm*, qg_dsgdm*, on a static topology)
+//   algorithm = "dpsgd" and the options it takes (weight_decay, overlap, momentum, nesterov, mu,
+//                           gamma, seed, allreduce; see the built-ins above)
+//   topology = "ring" and topology_options.* (torus: rows, cols; random_regular: degree, seed;
+//                           time_varying: seed), checked against `peers`
+//   compressor = "none" and compressor_options.* (compressor.h's keys; error_feedback defaults to
+//                           false, as CHOCO's public copies already carry the error): choco only
+struct DecentralizedSettings {
+  std::int64_t peers = 4;
+  std::uint64_t steps = 100;
+  double lr = 0.05;
+  std::size_t batch = 32;
+  std::string partition;
+  std::chrono::milliseconds gossip_timeout{5000};
+  std::uint64_t staleness = 0;
+  std::string algorithm = "dpsgd";
+  ConfigSection optimizer_options;
+  std::string topology = "ring";
+  ConfigSection topology_options;
+  std::string compressor = "none";
+  ConfigSection compressor_options;
+};
+
+// Reads and checks every key and value of `section`, and makes the topology (for `peers` nodes),
+// the compressor and the optimizer once so that their own checks run. Throws ConfigError naming
+// the key: an unknown key, a bad value, an option the algorithm does not take, a compressor for
+// an algorithm without a compressed form, a graph that does not exist for `peers` nodes, a
+// directed graph for an algorithm that needs a symmetric one. `check_partition`, when given,
+// checks `partition` (the spec language lives above aggregation/).
+[[nodiscard]] DecentralizedSettings decentralized_settings_from(
+    const ConfigSection& section,
+    const std::function<void(const std::string&)>& check_partition = {});
+
+// The run's parts from the built-in registries (settings from decentralized_settings_from()).
+[[nodiscard]] std::unique_ptr<Topology> make_topology(const DecentralizedSettings& settings);
+// nullptr unless the algorithm takes a compressor.
+[[nodiscard]] std::shared_ptr<const Compressor> make_compressor(
+    const DecentralizedSettings& settings);
+// One per node; `compressor` from make_compressor().
+[[nodiscard]] std::unique_ptr<DecentralizedOptimizer> make_optimizer(
+    const DecentralizedSettings& settings, std::shared_ptr<const Compressor> compressor);
 
 // Consensus distance sqrt(sum_i ||x_i - mean||^2) of models held side by side (tests, sims).
 [[nodiscard]] double consensus_distance(const std::vector<std::vector<float>>& models);
