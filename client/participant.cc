@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <thread>
 
 #include "cohort/aggregation/privacy.h"
@@ -21,6 +22,7 @@
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
+#include "client_options.h"
 
 namespace cohort::client {
 namespace {
@@ -30,18 +32,6 @@ using transport::Endpoint;
 using transport::Envelope;
 using transport::Message;
 using Clock = std::chrono::steady_clock;
-
-transport::EndpointOptions endpoint_options(const Config& c, std::string expected_peer) {
-  transport::EndpointOptions o;
-  o.node_id = c.get_string("client.name");
-  o.security.insecure = c.get_bool("tls.insecure");
-  o.security.ca_file = c.get_string("tls.ca_file");
-  o.security.cert_file = c.get_string("tls.cert_file");
-  o.security.key_file = c.get_string("tls.key_file");
-  o.security.expected_peer = std::move(expected_peer);
-  o.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
-  return o;
-}
 
 // "I/N" -> (I, N).
 std::pair<std::size_t, std::size_t> parse_part(const std::string& text) {
@@ -77,7 +67,27 @@ transport::Encoding push_encoding(aggregation::WireFormat f) {
 class Participant {
  public:
   Participant(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
-    // Everything below fails before joining, so a bad option never costs a round.
+    // Everything below fails before joining, so a bad option never costs a round nor leaves a
+    // dead entry in the coordinator's pool.
+    (void)non_empty(config, "client.server");
+    (void)coordinator_options(config);  // client.name, tls.coordinator_name, transport.chunk_kib
+    (void)int_in_range(config, "client.connect_timeout_ms", 1, std::int64_t{1} << 40);
+    (void)int_in_range(config, "client.backoff_max_ms", 1, std::int64_t{1} << 40);
+    (void)int_in_range(config, "client.step_delay_ms", 0, std::int64_t{1} << 40);
+    (void)int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max());
+    (void)parse_part(config.get_string("data.part"));
+    // cohort-client's decentralized-only keys do nothing here: refused, not ignored.
+    for (const char* key : {"peer.listen", "peer.advertise", "peer.handshake_timeout_ms"}) {
+      if (config.is_set(key)) {
+        throw ConfigError(std::string(key) + " applies to client.mode = decentralized only");
+      }
+    }
+    (void)parse_partition_spec(config.get_string("data.partition"));
+    // The device is made here, not after the Welcome: "cuda:0" without a GPU or "gpu7" stops the
+    // client before it registers.
+    device_ = kernels::make_device(
+        config.get_string("client.device"),
+        {.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024))});
     const auto section = config.section("compressor");
     compressor_ = builtin_registries().compressors.create(section.get_string("name", "none"), section);
     if (!aggregation::wire_format_of(compressor_->encoding())) {
@@ -102,9 +112,21 @@ class Participant {
     load_data();
     ThreadPool pool(2);
     pool_ = &pool;
-    auto o = endpoint_options(config_, "");
+    auto o = coordinator_options(config_);
     o.pool = pool_;
     coordinator_.emplace(Endpoint::connect(ctx_, config_.get_string("client.server"), o));
+    try {
+      return serve();
+    } catch (const Error& e) {
+      // Stopping for good: the coordinator drops us from its pool instead of waiting for a client
+      // that will never answer (it can only hear it over an established session).
+      report_fatal(e.what());
+      throw;
+    }
+  }
+
+ private:
+  int serve() {
     join();
     auto next_heartbeat = Clock::now();
     // When the session with the coordinator broke (TLS: the connection dropped), if not back yet.
@@ -135,7 +157,9 @@ class Participant {
       }
       if (m) {
         if (auto* rs = std::get_if<transport::RoundStart>(&m->envelope.body)) {
+          current_round_ = rs->round;
           if (rs->mode == transport::TrainingMode::kDataParallel && !rs->evaluate_only) {
+            check_dataparallel();
             run_dataparallel(*rs);
           } else {
             run_round(*rs);
@@ -168,8 +192,25 @@ class Participant {
     return 0;
   }
 
- private:
   const std::string& name() const { return config_.get_string("client.name"); }
+
+  void report_fatal(const std::string& why) {
+    if (!coordinator_ || !coordinator_->is_ready() || coordinator_handshakes_ == 0) return;
+    transport::ClientReport r;
+    r.round = current_round_;
+    r.fatal = true;
+    r.message = why;
+    Envelope e;
+    e.round = r.round;
+    e.body = std::move(r);
+    try {
+      coordinator_->send({}, std::move(e));
+      // The socket closes without lingering: give the I/O thread a moment to put it on the wire.
+      (void)coordinator_->receive(300ms);
+    } catch (const Error& err) {
+      COHORT_LOG(Warn) << name() << ": could not tell the coordinator: " << err.what();
+    }
+  }
 
   void load_data() {
     const auto [index, count] = parse_part(config_.get_string("data.part"));
@@ -197,7 +238,13 @@ class Participant {
                              " within client.connect_timeout_ms");
       }
       try {
-        coordinator_->wait_ready(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+        try {
+          coordinator_->wait_ready(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+        } catch (const TimeoutError&) {
+          throw;
+        } catch (const TransportError& e) {
+          coordinator_refused(config_, e.what());
+        }
         coordinator_handshakes_ = coordinator_->stats().handshakes;
         transport::Register r;
         r.role = transport::Role::kClient;
@@ -246,8 +293,6 @@ class Participant {
       train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
       auto section = train_cfg.section("train");
       options_ = trainer_options_from(section);
-      device_ = kernels::make_device(config_.get_string("client.device"),
-                                     {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
       net_ = device_->make_network(spec);
       net_->init(static_cast<std::uint64_t>(config_.get_int("data.seed")));
       trainer_.emplace(*net_, options_);
@@ -274,7 +319,7 @@ class Participant {
         shard_eps_.push_back(nullptr);  // the coordinator's own connection
         continue;
       }
-      auto o = endpoint_options(config_, s.node_id);
+      auto o = client_endpoint_options(config_, s.node_id);
       o.pool = pool_;
       shard_eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, s.url, o)));
     }
@@ -445,6 +490,22 @@ class Participant {
     send_report(report);
   }
 
+  // Options that shape a federated delta have no data-parallel form: refused, not ignored.
+  void check_dataparallel() const {
+    if (compressor_) {
+      throw ConfigError(
+          "compressor.* does not apply to server.mode = dataparallel (gradients go uncompressed)");
+    }
+    if (dp_clip_ > 0) {
+      throw ConfigError(
+          "client.dp_clip does not apply to server.mode = dataparallel (it clips federated "
+          "deltas, not gradients)");
+    }
+    if (attack_ != "none") {
+      throw ConfigError("client.attack does not apply to server.mode = dataparallel");
+    }
+  }
+
   // Data-parallel: per step, pull the weights (the shards hold the pull until the consistency
   // model lets this worker's clock through), compute one batch's gradient, push it.
   void run_dataparallel(const transport::RoundStart& rs) {
@@ -549,6 +610,7 @@ class Participant {
   std::optional<Endpoint> coordinator_;
   std::optional<transport::ClientReport> last_report_;
   std::uint64_t coordinator_handshakes_ = 0;
+  std::uint64_t current_round_ = 0;  // of the last RoundStart, for a fatal report
   std::vector<std::unique_ptr<Endpoint>> shard_eps_;
   std::vector<transport::ShardInfo> shards_;
   std::deque<Message> deferred_;
@@ -579,7 +641,7 @@ ConfigSchema participant_config_schema() {
   s.add("client.server", std::string("tcp://127.0.0.1:7000"), "url of the coordinator (shard 0)")
       .add("client.name", std::string("client-0"), "node id; must be the certificate's CN")
       .add("client.device", std::string("cpu"), "cpu or cuda:N")
-      .add("client.threads", std::int64_t{1}, "CPU threads for local training")
+      .add("client.threads", std::int64_t{1}, "CPU threads for local training (0: one per core; at most 1024)")
       .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining (or rejoining a lost coordinator) after this long")
       .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")
       .add("client.step_delay_ms", std::int64_t{0}, "data-parallel: sleep after each step (to emulate a straggler)")
@@ -591,6 +653,9 @@ ConfigSchema participant_config_schema() {
       .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
       .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
+      .add("tls.coordinator_name", std::string("shard-0"),
+           "node id the coordinator's certificate must name (its CN); any other certificate, "
+           "even one from our CA, is refused")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
       .add("client.dp_clip", 0.0,
            "client-level DP: clip the whole delta to this L2 norm before pushing (0: off; set it to "

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -15,6 +16,7 @@
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/zmq_comm.h"
+#include "client_options.h"
 #include "peer_learner.h"
 
 namespace cohort::client {
@@ -26,42 +28,38 @@ using namespace std::chrono_literals;
 namespace agg = cohort::aggregation;
 using transport::Envelope;
 
-// The options each decentralized optimizer takes, read from the [decentralized] section.
-ConfigSection optimizer_options(const std::string& algo, const ConfigSection& s) {
-  std::map<std::string, Value, std::less<>> v;
-  auto num = [&](const char* key) {
-    if (s.has(key)) v[key] = s.get_double(key, 0);
-  };
-  auto flag = [&](const char* key) {
-    if (s.has(key)) v[key] = s.get_bool(key, false);
-  };
-  num("weight_decay");
-  if (algo == "dpsgd") {
-    flag("overlap");
-  } else if (algo == "choco") {
-    num("gamma");
-    num("momentum");
-    flag("nesterov");
-    if (s.has("seed")) v["seed"] = s.get_int("seed", 1);
-  } else {
-    num("momentum");
-    if (algo.starts_with("qg")) num("mu");
-  }
-  return ConfigSection("decentralized", std::move(v));
-}
-
 class Peer {
  public:
   Peer(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
-    name_ = config.get_string("client.name");
-    opts_.node_id = name_;
-    opts_.security.insecure = config.get_bool("tls.insecure");
-    opts_.security.ca_file = config.get_string("tls.ca_file");
-    opts_.security.cert_file = config.get_string("tls.cert_file");
-    opts_.security.key_file = config.get_string("tls.key_file");
-    opts_.chunk_bytes = static_cast<std::size_t>(config.get_int("transport.chunk_kib")) * 1024;
-    opts_.handshake_timeout =
-        std::chrono::milliseconds(config.get_int("peer.handshake_timeout_ms"));
+    // Every option of ours is checked here, before we bind or register: a bad one never takes a
+    // rank in the run.
+    name_ = non_empty(config, "client.name");
+    (void)non_empty(config, "client.server");
+    (void)non_empty(config, "peer.listen");
+    opts_ = client_endpoint_options(config, "");  // neighbours: ZmqComm pins each one's name
+    opts_.handshake_timeout = std::chrono::milliseconds(
+        int_in_range(config, "peer.handshake_timeout_ms", 1, std::int64_t{1} << 40));
+    coord_opts_ = coordinator_options(config);
+    coord_opts_.handshake_timeout = opts_.handshake_timeout;
+    // cohort-client's federated-only keys do nothing here: refused, not ignored.
+    for (const char* key : {"data.part", "client.dp_clip", "client.attack", "client.attack_scale",
+                            "client.backoff_max_ms"}) {
+      if (config.is_set(key)) {
+        throw ConfigError(std::string(key) + " does not apply to client.mode = decentralized");
+      }
+    }
+    if (!config.section("compressor").names().empty()) {
+      throw ConfigError(
+          "compressor.* does not apply to client.mode = decentralized (the run's compressor is "
+          "the coordinator's decentralized.compressor, for choco)");
+    }
+    (void)int_in_range(config, "client.connect_timeout_ms", 1, std::int64_t{1} << 40);
+    (void)int_in_range(config, "client.step_delay_ms", 0, std::int64_t{1} << 40);
+    (void)int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max());
+    (void)parse_partition_spec(config.get_string("data.partition"));
+    device_ = kernels::make_device(
+        config.get_string("client.device"),
+        {.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024))});
   }
 
   int run() {
@@ -69,17 +67,24 @@ class Peer {
     comm_.emplace(ctx, 0, 1, config_.get_string("peer.listen"), opts_);
     std::string advertise = config_.get_string("peer.advertise");
     if (advertise.empty()) advertise = comm_->url();
-    auto copts = opts_;
-    coord_.emplace(transport::Endpoint::connect(ctx, config_.get_string("client.server"), copts));
+    coord_.emplace(
+        transport::Endpoint::connect(ctx, config_.get_string("client.server"), coord_opts_));
     COHORT_LOG(Info) << name_ << ": listening on " << comm_->url() << ", joining "
                      << config_.get_string("client.server");
 
     // Loading the data takes seconds: before joining, so that heartbeats start at once after.
     data_ = load_fashion_mnist(config_.get_string("data.dir"), /*standardize=*/true);
     const transport::Welcome w = join(advertise);
-    setup(w);
-    train();
-    return finish();
+    try {
+      setup(w);
+      train();
+      return finish();
+    } catch (const Error& e) {
+      // Stopping for good: the coordinator takes us out of the topology at once, and its log
+      // says why, instead of waiting for server.client_timeout_ms of silence.
+      report_fatal(e.what());
+      throw;
+    }
   }
 
  private:
@@ -107,6 +112,8 @@ class Peer {
         try {
           coord_->wait_ready(200ms);
         } catch (const TimeoutError&) {
+        } catch (const TransportError& e) {
+          coordinator_refused(config_, e.what());
         }
         comm_->pump(0ms);
         continue;
@@ -157,50 +164,50 @@ class Peer {
     Config cfg(schema);
     cfg.merge_toml("[decentralized]\n" + w.training_toml,
                    "the coordinator's [decentralized] section");
-    section_ = cfg.section("decentralized");
-    steps_ = static_cast<std::uint64_t>(section_.get_int("steps", 100));
-    lr_ = static_cast<float>(section_.get_double("lr", 0.05));
+    settings_ = agg::decentralized_settings_from(
+        cfg.section("decentralized"), [](const std::string& spec) { (void)parse_partition_spec(spec); });
+    steps_ = settings_.steps;
+    lr_ = static_cast<float>(settings_.lr);
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(100, w.heartbeat_ms));
     start_ = w.current_round;
     step_delay_ = std::chrono::milliseconds(config_.get_int("client.step_delay_ms"));
 
-    agg::TopologyRegistry topologies;
-    agg::add_builtin_topologies(topologies);
-    topology_ = topologies.create(section_.get_string("topology", "ring"), {});
-    const std::string algo = section_.get_string("algorithm", "dpsgd");
-    agg::DecentralizedOptimizerRegistry optimizers;
-    agg::add_builtin_decentralized_optimizers(optimizers);
-    agg::CompressorRegistry compressors;
-    agg::add_builtin_compressors(compressors);
-    std::shared_ptr<const agg::Compressor> q =
-        compressors.create(section_.get_string("compressor", "none"),
-                           ConfigSection("compressor", {{"error_feedback", false}}));
-    auto opt = optimizers.create(algo, optimizer_options(algo, section_), q);
-    if (opt->needs_symmetric() && !topology_->symmetric()) {
-      throw ConfigError(algo + " needs a symmetric topology; " + std::string(topology_->name()) +
-                        " is directed (use push_sum)");
-    }
+    topology_ = agg::make_topology(settings_);
+    auto opt = agg::make_optimizer(settings_, agg::make_compressor(settings_));
     agg::GossipOptions go;
-    go.timeout = std::chrono::milliseconds(section_.get_int("gossip_timeout_ms", 5000));
-    go.staleness = static_cast<std::uint64_t>(section_.get_int("staleness", 0));
+    go.timeout = settings_.gossip_timeout;
+    go.staleness = settings_.staleness;
     gossip_.emplace(*comm_, *topology_, go);
     apply_members(w, start_);
 
     const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
-    const auto parts = make_partition(parse_partition_spec(section_.get_string(
-                                          "partition", config_.get_string("data.partition"))),
-                                      data_.train.labels(), n_, seed);
+    const std::string partition =
+        settings_.partition.empty() ? config_.get_string("data.partition") : settings_.partition;
+    const auto parts =
+        make_partition(parse_partition_spec(partition), data_.train.labels(), n_, seed);
     spec_ = kernels::make_network_spec(w.model_spec);
-    device_ = kernels::make_device(
-        config_.get_string("client.device"),
-        {.threads = static_cast<std::size_t>(config_.get_int("client.threads"))});
-    learner_.emplace(*device_, spec_, data_.train, parts[rank_],
-                     static_cast<std::size_t>(section_.get_int("batch", 32)),
-                     seed * 1000003ULL + rank_,
-                     static_cast<std::uint64_t>(config_.get_int("data.seed")), std::move(opt));
-    COHORT_LOG(Info) << name_ << ": rank " << rank_ << " of " << n_ << ", " << algo << " on "
-                     << topology_->name() << ", " << learner_->samples() << " rows, steps "
+    learner_.emplace(*device_, spec_, data_.train, parts[rank_], settings_.batch,
+                     seed * 1000003ULL + rank_, seed, std::move(opt));
+    COHORT_LOG(Info) << name_ << ": rank " << rank_ << " of " << n_ << ", " << settings_.algorithm
+                     << " on " << topology_->name() << ", " << learner_->samples() << " rows, steps "
                      << start_ << ".." << steps_;
+  }
+
+  void report_fatal(const std::string& why) {
+    if (!coord_ || !coord_->is_ready()) return;
+    transport::ClientReport r;
+    r.round = learner_ ? last_step_ : 0;
+    r.fatal = true;
+    r.message = why;
+    Envelope e;
+    e.round = r.round;
+    e.body = std::move(r);
+    try {
+      (void)coord_->send({}, std::move(e));
+      (void)coord_->receive(300ms);  // the socket does not linger: let the report leave first
+    } catch (const Error& err) {
+      COHORT_LOG(Warn) << name_ << ": could not tell the coordinator: " << err.what();
+    }
   }
 
   void pump_coordinator(std::uint64_t t) {
@@ -236,6 +243,7 @@ class Peer {
           ++it;
         }
       }
+      last_step_ = t;
       loss_sum += learner_->step(t, lr_, *gossip_);
       ++loss_count;
       if ((t + 1) % 50 == 0 || t + 1 == steps_) {
@@ -295,13 +303,13 @@ class Peer {
   const Config& config_;
   const std::atomic<bool>& stop_;
   NodeId name_;
-  transport::EndpointOptions opts_;
+  transport::EndpointOptions opts_, coord_opts_;
   transport::Context ctx_;  // outlives every socket below
   std::optional<transport::ZmqComm> comm_;
   std::optional<transport::Endpoint> coord_;
   Rank rank_ = 0, n_ = 1;
-  ConfigSection section_;
-  std::uint64_t steps_ = 0, start_ = 0;
+  agg::DecentralizedSettings settings_;
+  std::uint64_t steps_ = 0, start_ = 0, last_step_ = 0;
   float lr_ = 0.05f;
   std::chrono::milliseconds heartbeat_{1000}, step_delay_{0};
   Clock::time_point next_heartbeat_{};
@@ -327,7 +335,7 @@ void add_peer_config(ConfigSchema& schema) {
       .add("peer.advertise", std::string(""),
            "decentralized: url neighbours dial (default: the bound url)")
       .add("peer.handshake_timeout_ms", std::int64_t{10000},
-           "decentralized: first-contact handshake limit");
+           "decentralized: first-contact handshake limit (ms, >= 1)");
 }
 
 int run_peer(const Config& config, const std::atomic<bool>& stop) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/aggregation/decentralized.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
@@ -72,10 +73,7 @@ class Rendezvous {
  public:
   Rendezvous(const Config& config, transport::Endpoint& ep)
       : config_(config), ep_(ep), section_(config.section("decentralized")) {
-    expected_ = section_.get_int("peers", 4);
-    if (expected_ < 1 || expected_ > 4096) {
-      throw ConfigError("decentralized.peers must be between 1 and 4096");
-    }
+    expected_ = aggregation::decentralized_settings_from(section_).peers;  // checked already
     model_spec_ = config.get_string("model.spec");
     (void)kernels::make_network_spec(model_spec_);  // validates early
     training_toml_ = section_toml(section_);
@@ -124,6 +122,14 @@ class Rendezvous {
         start_step_ = max_clock_ + 2;
         COHORT_LOG(Info) << "peer " << who << " is heartbeating again: back in the topology";
         broadcast_members();
+      }
+    } else if (const auto* rep = std::get_if<transport::ClientReport>(&m.envelope.body);
+               rep && rep->fatal) {
+      // The peer stopped for good: out of the topology now, not after client_timeout_ms.
+      COHORT_LOG(Error) << "peer " << who << " stopped: " << rep->message;
+      if (mem->alive) {
+        mem->alive = false;
+        if (started_) broadcast_members();
       }
     } else if (const auto* rep = std::get_if<transport::ClientReport>(&m.envelope.body)) {
       mem->reported = true;
@@ -278,6 +284,11 @@ class Rendezvous {
 }  // namespace
 
 int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx) {
+  // Every key and value, at start-up, before binding: an unknown key or a bad option stops the
+  // server before any peer registers, instead of every peer failing after its Welcome. The
+  // partition spec's language lives in client/: each peer checks it and reports a fatal error.
+  (void)aggregation::decentralized_settings_from(config.section("decentralized"));
+  (void)kernels::make_network_spec(config.get_string("model.spec"));
   transport::EndpointOptions o;
   o.node_id =
       config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name");

@@ -1,0 +1,48 @@
+#include "client_options.h"
+
+#include <string>
+
+#include "cohort/core/error.h"
+
+namespace cohort::client {
+
+std::int64_t int_in_range(const Config& config, std::string_view key, std::int64_t lo,
+                          std::int64_t hi) {
+  const std::int64_t v = config.get_int(key);
+  if (v < lo || v > hi) {
+    throw ConfigError(std::string(key) + " must be between " + std::to_string(lo) + " and " +
+                      std::to_string(hi) + ", got " + std::to_string(v));
+  }
+  return v;
+}
+
+const std::string& non_empty(const Config& config, std::string_view key) {
+  const std::string& v = config.get_string(key);
+  if (v.empty()) throw ConfigError(std::string(key) + " must not be empty");
+  return v;
+}
+
+transport::EndpointOptions client_endpoint_options(const Config& config,
+                                                   std::string expected_peer) {
+  transport::EndpointOptions o;
+  o.node_id = non_empty(config, "client.name");
+  o.security.insecure = config.get_bool("tls.insecure");
+  o.security.ca_file = config.get_string("tls.ca_file");
+  o.security.cert_file = config.get_string("tls.cert_file");
+  o.security.key_file = config.get_string("tls.key_file");
+  o.security.expected_peer = std::move(expected_peer);
+  o.chunk_bytes = static_cast<std::size_t>(int_in_range(config, "transport.chunk_kib", 1, 1 << 20)) * 1024;
+  return o;
+}
+
+transport::EndpointOptions coordinator_options(const Config& config) {
+  return client_endpoint_options(config, non_empty(config, "tls.coordinator_name"));
+}
+
+void coordinator_refused(const Config& config, const std::string& why) {
+  throw TransportError("refused the coordinator at " + config.get_string("client.server") +
+                       ": expected '" + config.get_string("tls.coordinator_name") +
+                       "' (tls.coordinator_name): " + why);
+}
+
+}  // namespace cohort::client
