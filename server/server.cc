@@ -18,6 +18,7 @@
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
+#include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -101,7 +102,6 @@ class Shard {
     consistency_ = config.get_string("server.consistency");
     staleness_bound_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.staleness")));
     workers_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
-    buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
     max_staleness_ = config.get_int("server.max_staleness");
     dp_clip_ = config.get_double("dp.clip");
     dp_noise_ = config.get_double("dp.noise_multiplier");
@@ -116,8 +116,8 @@ class Shard {
     begin_ = b;
     end_ = e;
     model_spec_ = model_spec;
-    aggregator_ = registries_.aggregators.create(
-        config_.section("aggregator").get_string("name", "fedavg"), config_.section("aggregator"));
+    aggregator_name_ = config_.section("aggregator").get_string("name", "fedavg");
+    aggregator_ = registries_.aggregators.create(aggregator_name_, config_.section("aggregator"));
     optimizer_ = registries_.server_optimizers.create(
         config_.section("server_optimizer").get_string("name", "sgd"),
         config_.section("server_optimizer"));
@@ -158,6 +158,9 @@ class Shard {
   [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(end_ - begin_); }
   [[nodiscard]] std::uint64_t version() const { return version_; }
   [[nodiscard]] std::uint64_t last_closed() const { return last_closed_; }
+  // The aggregation rule's name, and the fewest complete updates with which it can aggregate.
+  [[nodiscard]] const std::string& rule_name() const { return aggregator_name_; }
+  [[nodiscard]] std::size_t rule_min_updates() const { return aggregator_ ? aggregator_->min_updates() : 1; }
 
   // The coordinator's selection for federated round `round` (RoundOpen): the first message for a
   // newer round replaces the list, later ones for the same round add to it. Only these clients'
@@ -195,17 +198,57 @@ class Shard {
     return false;
   }
 
+  // Phase one of closing round `round` (RoundClose.prepare): the rule computes the aggregate into
+  // delta_ (FedBuff: the buffered updates are set aside as this step's), nothing is applied yet.
+  // The coordinator commits only if every shard's rule could, so a round moves every shard's
+  // range or none. Asked again for the same round (a retry), it answers the same.
+  struct Prepared {
+    bool ok = false;
+    std::string reason;  // why not, when !ok
+  };
+  Prepared prepare_round(std::uint64_t round) {
+    if (round <= last_closed_) return {true, ""};  // committed already: a late retry
+    if (prepared_round_ == round) return prepared_;
+    prepared_round_ = round;
+    prepared_ = {};
+    if (mode_ == "fedbuff") {
+      if (buffered_ == 0) {
+        prepared_.reason = "shard " + std::to_string(index_) + " holds no buffered update";
+        return prepared_;
+      }
+      prepared_sum_.swap(buffer_sum_);
+      buffer_sum_.assign(size(), 0.0);
+      prepared_count_ = buffered_;
+      buffered_ = 0;
+      prepared_.ok = true;
+      return prepared_;
+    }
+    const std::size_t n = open_round_ == round ? aggregator_->completed_updates() : 0;
+    if (n > 0) {
+      delta_ = FloatBuffer(size());
+      prepared_.ok = aggregator_->finish_round(delta_.span());
+    }
+    if (!prepared_.ok) {
+      delta_ = FloatBuffer();
+      prepared_.reason = "shard " + std::to_string(index_) + ": aggregator '" + aggregator_name_ +
+                         "' could not aggregate " + std::to_string(n) +
+                         " complete update(s) (it needs at least " +
+                         std::to_string(aggregator_->min_updates()) + ")";
+    }
+    return prepared_;
+  }
+
   // Round r is over: fold in (commit) or throw away what arrived. Returns the new version.
   std::uint64_t close_round(std::uint64_t round, bool commit) {
     if (round <= last_closed_) return version_;  // repeated close (coordinator retry)
-    // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds
-    // just its parameters and the running sum.
-    struct Scratch {
-      FloatBuffer& buf;
-      ~Scratch() { buf = FloatBuffer(); }
-    } scratch{delta_};
-    if (open_round_ == round && commit) delta_ = FloatBuffer(size());
-    if (open_round_ == round && commit && aggregator_->finish_round(delta_.span())) {
+    // A commit without phase one (a coordinator that skipped it) prepares now.
+    if (commit && prepared_round_ != round) (void)prepare_round(round);
+    const bool apply = commit && prepared_.ok;
+    if (mode_ == "fedbuff") {
+      close_step(round, commit);
+      return version_;
+    }
+    if (apply && open_round_ == round) {
       if (dp_noise_ > 0) {
         // DP-FedAvg (8.4) with uniform weights: the mean of m updates clipped to S has
         // sensitivity S/m, so sigma = z S / m. compression_seed() only mixes the numbers.
@@ -217,18 +260,58 @@ class Shard {
       optimizer_->apply_delta(params_.span(), delta_.span());
       ++version_;
     }
+    // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds
+    // just its parameters and the running sum.
+    delta_ = FloatBuffer();
+    prepared_round_ = 0;
+    prepared_ = {};
     committed_ += commit ? 1 : 0;
     last_closed_ = round;
-    open_round_ = 0;
-    for (auto& [key, t] : transfers_) release(t);
-    transfers_.clear();
-    pushed_.clear();
-    applied_.clear();
+    drop_open_round();
     if (store_ && commit) {
       const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
       if (committed_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
     }
     return version_;
+  }
+
+  // FedBuff's buffered updates, and how many the step being prepared set aside.
+  [[nodiscard]] std::size_t buffered() const { return buffered_; }
+  [[nodiscard]] std::size_t prepared_count() const { return prepared_count_; }
+
+  // The coordinator welcomed this shard (again). A new epoch means it restarted: whatever round
+  // this shard had open belongs to the old coordinator, which the new one reopens from scratch,
+  // so its updates go (a resend would otherwise be acknowledged as "already applied" and the old
+  // update kept). `committed` is the coordinator's last committed round: a round this shard
+  // prepared and the coordinator committed before it died is committed here too.
+  void on_welcome(std::uint64_t epoch, std::uint64_t committed) {
+    const bool restarted = coordinator_epoch_ != 0 && epoch != coordinator_epoch_;
+    coordinator_epoch_ = epoch;
+    if (!restarted) return;
+    if (mode_ != "dataparallel" && committed == last_closed_ + 1 && prepared_round_ == committed &&
+        prepared_.ok) {
+      COHORT_LOG(Info) << "shard " << index_ << ": the coordinator restarted having committed round "
+                       << committed << ", which this shard had prepared: committing it";
+      (void)close_round(committed, true);
+    } else if (mode_ != "dataparallel" && committed != last_closed_) {
+      COHORT_LOG(Warn) << "shard " << index_ << ": the coordinator restarted at round " << committed
+                       << ", this shard's model is at round " << last_closed_
+                       << " (checkpoints taken at different rounds?)";
+    }
+    if (open_round_ != 0 || !selection_.empty() || prepared_round_ != 0) {
+      COHORT_LOG(Info) << "shard " << index_ << ": the coordinator restarted: dropped round "
+                       << std::max(open_round_, selection_round_) << " (" << applied_.size()
+                       << " update(s) applied), it will be reopened";
+    }
+    if (mode_ == "federated") {
+      drop_open_round();
+      selection_round_ = last_closed_;
+      prepared_round_ = 0;
+      prepared_ = {};
+      delta_ = FloatBuffer();
+    } else if (mode_ == "fedbuff" && prepared_round_ != 0) {
+      close_step(prepared_round_, false);  // back into the buffer
+    }
   }
 
   void checkpoint() {
@@ -258,6 +341,45 @@ class Shard {
     std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
     FloatBuffer whole;  // the reassembled update: non-streaming rule or DP clipping
   };
+
+  // Forgets the open round: its transfers, senders and the rule's state.
+  void drop_open_round() {
+    open_round_ = 0;
+    for (auto& [key, t] : transfers_) release(t);
+    transfers_.clear();
+    pushed_.clear();
+    applied_.clear();
+    selection_.clear();
+  }
+
+  // FedBuff's phase two: the step set aside by prepare_round() moves the model (commit), or goes
+  // back into the buffer (abort).
+  void close_step(std::uint64_t step, bool commit) {
+    if (prepared_round_ != step || !prepared_.ok) {
+      prepared_round_ = 0;
+      prepared_ = {};
+      return;
+    }
+    if (commit) {
+      if (delta_.size() != size()) delta_ = FloatBuffer(size());
+      const double inv_k = 1.0 / static_cast<double>(prepared_count_);
+      for (std::size_t i = 0; i < size(); ++i) delta_[i] = static_cast<float>(prepared_sum_[i] * inv_k);
+      optimizer_->apply_delta(params_.span(), delta_.span());
+      ++version_;
+      last_closed_ = step;
+      if (store_) {
+        const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
+        if (version_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
+      }
+    } else {
+      for (std::size_t i = 0; i < size(); ++i) buffer_sum_[i] += prepared_sum_[i];
+      buffered_ += prepared_count_;
+    }
+    std::fill(prepared_sum_.begin(), prepared_sum_.end(), 0.0);
+    prepared_count_ = 0;
+    prepared_round_ = 0;
+    prepared_ = {};
+  }
 
   // Buffers of finished transfers go back to the pools, so pushes never allocate.
   void release(Transfer& t) {
@@ -704,20 +826,8 @@ class Shard {
     buffered_tasks_.erase(it);
     ++buffered_;
     reply_ack(ep, m, true, "");
-    if (buffered_ >= buffer_k_) {
-      if (delta_.size() != size()) delta_ = FloatBuffer(size());
-      const double inv_k = 1.0 / static_cast<double>(buffered_);
-      for (std::size_t i = 0; i < size(); ++i) delta_[i] = static_cast<float>(buffer_sum_[i] * inv_k);
-      optimizer_->apply_delta(params_.span(), delta_.span());
-      std::fill(buffer_sum_.begin(), buffer_sum_.end(), 0.0);
-      buffered_ = 0;
-      ++version_;
-      last_closed_ = version_;
-      if (store_) {
-        const auto every = std::max<std::int64_t>(1, config_.get_int("server.checkpoint_every"));
-        if (version_ % static_cast<std::uint64_t>(every) == 0) checkpoint();
-      }
-    }
+    // The coordinator steps every shard together (prepare_round, close_round) once K updates
+    // are in; a shard never steps on its own count, which could differ from another shard's.
   }
 
   ClientId client_id(const NodeId& id) {
@@ -753,7 +863,7 @@ class Shard {
   MetricsSink* metrics_ = nullptr;
   std::string mode_, consistency_;
   std::uint64_t staleness_bound_ = 0;
-  std::size_t workers_ = 1, buffer_k_ = 10, buffered_ = 0;
+  std::size_t workers_ = 1, buffered_ = 0;
   std::int64_t max_staleness_ = -1;
   std::map<NodeId, std::uint64_t> clocks_;
   std::deque<PendingPull> pending_pulls_;
@@ -768,6 +878,12 @@ class Shard {
   };
   std::unordered_map<std::string, BufferedTask> buffered_tasks_;
   std::vector<double> buffer_sum_;
+  std::vector<double> prepared_sum_;  // FedBuff: the step being prepared
+  std::size_t prepared_count_ = 0;
+  std::uint64_t prepared_round_ = 0;  // the round (FedBuff: step) prepare_round() answered for
+  Prepared prepared_;
+  std::string aggregator_name_;
+  std::uint64_t coordinator_epoch_ = 0;  // of the coordinator that last welcomed this shard
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -799,6 +915,12 @@ class Coordinator {
     started_ = Clock::now();
     dp_noise_ = config.get_double("dp.noise_multiplier");
     dp_delta_ = config.get_double("dp.delta");
+    buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
+    concurrency_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.concurrency")));
+    rule_min_ = local.rule_min_updates();
+    // A fresh epoch per coordinator process: shards tell a restart from a reconnect by it.
+    std::random_device rd;
+    epoch_ = ((std::uint64_t{rd()} << 32) ^ rd()) | 1;
   }
 
   [[nodiscard]] bool finished() const { return finished_; }
@@ -834,6 +956,9 @@ class Coordinator {
   void tick() {
     const auto now = Clock::now();
     if (finished_) return;
+    if (state_ == State::kPreparing && now >= close_retry_) resend_prepare();
+    if (state_ == State::kClosing && now >= close_retry_) resend_close();
+    flush_lines(now);
     if (mode_ == "dataparallel") {
       tick_dataparallel(now);
       return;
@@ -856,23 +981,19 @@ class Coordinator {
       const bool enough = done >= per_round_;
       const bool all_reported = reported_ >= selected_.size();
       if (!(enough || all_reported || now >= round_deadline_)) break;
-      const bool commit = done >= min_updates_;
-      if (!commit) {
-        ++failed_in_a_row_;
-        COHORT_LOG(Warn) << "round " << round_ << " closes with " << done
-                         << " complete updates (fewer than server.min_updates = " << min_updates_
-                         << "): discarded, retrying";
-        if (max_failed_rounds_ > 0 && failed_in_a_row_ >= max_failed_rounds_) {
-          give_up();
-          return;
-        }
+      if (done < min_updates_ || done < rule_min_) {
+        const bool rule = done >= min_updates_;
+        round_failed(std::to_string(done) + " complete update(s), fewer than " +
+                     (rule ? "aggregator '" + local_.rule_name() + "' needs (" + std::to_string(rule_min_) + ")"
+                           : "server.min_updates = " + std::to_string(min_updates_)));
+        if (finished_) return;
+        close_round(false);
       } else {
-        failed_in_a_row_ = 0;
+        // Phase one: every shard's rule computes its aggregate; the round commits only if all could.
+        prepare_close(round_, done);
       }
-      close_round(commit);
       if (state_ != State::kIdle) break;
     }
-    if (state_ == State::kClosing && now >= close_retry_) resend_close();
     // Clients silent for too long leave the pool (their reconnect re-registers them). The sweep
     // walks every client, so it runs at most every 100 ms, not after every message.
     const auto timeout = std::chrono::milliseconds(config_.get_int("server.client_timeout_ms"));
@@ -886,14 +1007,15 @@ class Coordinator {
         ++it;
       }
     }
-    if (pending_eval_ && now > eval_deadline_) {
-      print_round(pending_eval_round_, std::nullopt);
-      pending_eval_ = false;
-    }
   }
 
+  // Sent in every Welcome: shards compare it to tell a restarted coordinator from a reconnect.
+  [[nodiscard]] std::uint64_t epoch() const { return epoch_; }
+
  private:
-  enum class State { kIdle, kRunning, kClosing };
+  // kPreparing: phase one of a close (every shard computes its aggregate); kClosing: phase two
+  // (every shard commits or discards).
+  enum class State { kIdle, kRunning, kPreparing, kClosing };
   struct ClientInfo {
     PeerHandle peer;
     std::uint64_t dataset_size = 0;
@@ -910,6 +1032,7 @@ class Coordinator {
     std::string url;
     NodeId node_id;
     bool closed = false;
+    bool prepared = false;  // answered this close's phase one
   };
 
   void touch(const Message& m) {
@@ -934,7 +1057,6 @@ class Coordinator {
     w.client_index = index;
     w.model_size = model_size_;
     w.model_spec = model_spec_;
-    w.current_round = round_;
     w.heartbeat_ms = static_cast<std::uint32_t>(config_.get_int("server.heartbeat_ms"));
     for (std::uint32_t i = 0; i < shards_.size(); ++i) {
       auto [b, e] = shard_range(model_size_, static_cast<std::uint32_t>(shards_.size()), i);
@@ -946,6 +1068,8 @@ class Coordinator {
       toml << name << " = " << to_string_value(config_.section("train"), name) << '\n';
     }
     w.training_toml = toml.str();
+    w.coordinator_epoch = epoch_;
+    w.current_round = committed_round();
     return w;
   }
 
@@ -987,6 +1111,7 @@ class Coordinator {
       ep_.send(m.peer, std::move(e));
       // A shard that restarted mid-round learns the running round's selection again.
       if (state_ == State::kRunning && mode_ == "federated") send_round_open(r.shard_index);
+      if (state_ == State::kPreparing) resend_prepare();
       if (state_ == State::kClosing) resend_close();
       return;
     }
@@ -1094,7 +1219,6 @@ class Coordinator {
     rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
     rs.local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1));
     rs.local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0));
-    rs.learning_rate = static_cast<float>(config_.section("train").get_double("lr", 0.05));
     rs.model_version = local_.version();
     // Every shard learns the selection before any client does: a shard takes this round's pushes
     // only from these clients.
@@ -1146,31 +1270,39 @@ class Coordinator {
       committed_ = rounds_;
       state_ = State::kIdle;
       last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
-      pending_round_record_ = current_record();
-      pending_eval_committed_ = committed_;
-      request_eval_or_print();
+      queue_line(round_, current_record());
     }
-    if (state_ == State::kIdle && dp_started_) finish_when_evaluated(now);
+    if (state_ == State::kIdle && dp_started_) finish();
   }
 
-  // ---- FedBuff: keep `concurrency` clients busy; the shards step every K updates -------------
+  // ---- FedBuff: keep `concurrency` clients busy; every K updates all shards step together ----
+  //
+  // A shard buffers the updates it accepts; the coordinator counts them on its own shard and, at
+  // K, closes a step in two phases like a round: every shard sets its buffer aside (prepare),
+  // then all apply it (commit), or, if one shard holds nothing, all put it back (abort). Tasks
+  // are issued while no step is closing, so a task pulls a model every shard agrees on, and only
+  // as many as the remaining steps still need: K x steps left, less what is buffered and in
+  // flight. The count comes from the shard itself, never from reports, which may arrive after
+  // the step that took their update.
   void tick_fedbuff(Clock::time_point now) {
     if (!all_shards_up()) return;
     if (!fb_started_) {
       if (live_clients() < min_clients_) return;
       fb_started_ = true;
       round_started_ = now;
-      fb_version_ = local_.version();
     }
-    // In flight at most `concurrency` tasks, and no more than the remaining steps need.
-    const std::size_t concurrency = static_cast<std::size_t>(config_.get_int("server.concurrency"));
-    const bool done = local_.version() >= rounds_;
-    const std::size_t k = static_cast<std::size_t>(std::max<std::int64_t>(1, config_.get_int("server.buffer_size")));
-    const std::size_t total = done ? 0 : static_cast<std::size_t>(rounds_ - local_.version()) * k;
-    const std::size_t needed = total > fb_buffered_ ? total - fb_buffered_ : 0;
-    const std::size_t limit = std::min(concurrency, needed);
-    for (auto it = clients_.begin(); !done && it != clients_.end() && busy_.size() < limit; ++it) {
-      if (busy_.contains(it->first)) continue;
+    for (auto it = busy_.begin(); it != busy_.end();) {  // a task past its deadline is given up
+      it = now > it->second ? busy_.erase(it) : std::next(it);
+    }
+    if (state_ != State::kIdle) return;
+    if (committed_ >= rounds_) {
+      finish();
+      return;
+    }
+    const std::size_t want = static_cast<std::size_t>(rounds_ - committed_) * buffer_k_;
+    for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+      if (busy_.size() >= concurrency_ || local_.buffered() + busy_.size() >= want) break;
+      if (busy_.contains(it->first) || !it->second.reachable) continue;
       transport::RoundStart rs;
       rs.round = ++round_;
       rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
@@ -1181,32 +1313,13 @@ class Coordinator {
       Envelope e;
       e.round = rs.round;
       e.body = rs;
-      if (ep_.send(it->second.peer, std::move(e))) busy_[it->first] = now + deadline_;
+      if (ep_.send(it->second.peer, std::move(e))) {
+        busy_[it->first] = now + deadline_;
+      } else {
+        it->second.reachable = false;
+      }
     }
-    for (auto it = busy_.begin(); it != busy_.end();) {  // a task past its deadline is given up
-      it = now > it->second ? busy_.erase(it) : std::next(it);
-    }
-    if (local_.version() > fb_version_ && !pending_eval_) {
-      const std::size_t steps = static_cast<std::size_t>(local_.version() - fb_version_);
-      fb_buffered_ = fb_buffered_ > steps * k ? fb_buffered_ - steps * k : 0;
-      fb_version_ = local_.version();
-      committed_ = fb_version_;
-      last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
-      round_started_ = now;
-      pending_round_record_ = current_record();
-      pending_eval_committed_ = committed_;
-      reset_round_stats();
-      request_eval_or_print();
-    }
-    if (done) finish_when_evaluated(now);
-  }
-
-  void finish_when_evaluated(Clock::time_point now) {
-    if (pending_eval_ && now > eval_deadline_) {
-      print_round(pending_eval_round_, std::nullopt);
-      pending_eval_ = false;
-    }
-    if (!pending_eval_) finish();
+    if (local_.buffered() >= buffer_k_ && now >= fb_retry_) prepare_close(committed_ + 1, 0);
   }
 
   void reset_round_stats() {
@@ -1222,14 +1335,25 @@ class Coordinator {
   }
 
   void on_report(const Message& m, const transport::ClientReport& r) {
+    if (r.fatal) {
+      // The client stops for good: say who and why now, not after deadlines run out.
+      COHORT_LOG(Error) << "client " << m.sender << " stopped with an error: " << r.message;
+      last_refusal_ = m.sender + " stopped: " + r.message.substr(0, 200);
+      if (state_ == State::kRunning && mode_ == "federated" && r.round == round_ &&
+          selected_.contains(m.sender) && reporters_.insert(m.sender).second) {
+        ++reported_;
+      }
+      busy_.erase(m.sender);
+      clients_.erase(m.sender);
+      return;
+    }
     if (mode_ == "fedbuff" && !r.evaluated) {
       busy_.erase(m.sender);
       selected_.insert(m.sender);
       ++reported_;
       round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
-    round_uplink_ += static_cast<double>(r.bytes_sent);
+      round_uplink_ += static_cast<double>(r.bytes_sent);
       if (r.trained) {
-        ++fb_buffered_;
         completed_.insert(m.sender);
         round_loss_ += static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples);
         round_samples_ += r.num_samples;
@@ -1237,14 +1361,18 @@ class Coordinator {
         round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
       } else {
         COHORT_LOG(Info) << "client " << m.sender << ": " << r.message;
+        last_refusal_ = m.sender + ": " + r.message.substr(0, 200);
       }
       return;
     }
     if (r.evaluated) {
-      if (pending_eval_ && r.round == pending_eval_round_) {
-        pending_eval_ = false;
-        print_round(r.round, r);
+      for (auto& line : lines_) {
+        if (line.waiting && line.eval_id == r.round) {
+          line.waiting = false;
+          line.eval = r;
+        }
       }
+      flush_lines(Clock::now());
       return;
     }
     if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
@@ -1266,11 +1394,76 @@ class Coordinator {
     round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
   }
 
+  // The last round (FedBuff: step) the coordinator's own shard closed.
+  [[nodiscard]] std::uint64_t committed_round() const { return local_.last_closed(); }
+
+  // ---- closing a round (FedBuff: a step) on every shard, in two phases ----------------------
+  //
+  // Phase one (kPreparing): each shard's rule computes its range's aggregate and answers whether
+  // it could. Phase two (kClosing): every shard commits, if all could, or discards. A robust rule
+  // that refuses on one shard thus fails the round everywhere, and the round is logged and
+  // recorded as failed, never counted as committed.
+  void prepare_close(std::uint64_t round, std::size_t updates) {
+    state_ = State::kPreparing;
+    closing_round_ = round;
+    closing_updates_ = updates;
+    prepare_failure_.clear();
+    for (std::size_t i = 1; i < shards_.size(); ++i) shards_[i].prepared = false;
+    const auto local = local_.prepare_round(round);
+    if (!local.ok) prepare_failure_ = local.reason;
+    if (mode_ == "fedbuff") step_updates_ = local_.prepared_count();
+    resend_prepare();
+  }
+
+  void resend_prepare() {
+    close_retry_ = Clock::now() + 2s;
+    bool all = true;
+    for (std::size_t i = 1; i < shards_.size(); ++i) {
+      auto& s = shards_[i];
+      if (s.prepared) continue;
+      all = false;
+      if (!s.up) continue;
+      Envelope e;
+      e.round = closing_round_;
+      e.body = transport::RoundClose{closing_round_, true, static_cast<std::uint32_t>(closing_updates_), true};
+      if (!ep_.send(s.peer, std::move(e))) s.up = false;
+    }
+    if (all) prepared_everywhere();
+  }
+
+  void prepared_everywhere() {
+    if (state_ != State::kPreparing) return;
+    if (prepare_failure_.empty()) {
+      close_round(true);
+      return;
+    }
+    round_failed(prepare_failure_);
+    if (finished_) return;
+    if (mode_ == "fedbuff") fb_retry_ = Clock::now() + 200ms;
+    close_round(false);
+  }
+
+  // A round (FedBuff: step) that does not commit: logged, recorded, and counted towards
+  // server.max_failed_rounds.
+  void round_failed(const std::string& why) {
+    ++failed_in_a_row_;
+    last_failure_ = why;
+    const std::uint64_t id = mode_ == "fedbuff" ? committed_ + 1 : round_;
+    COHORT_LOG(Warn) << (mode_ == "fedbuff" ? "step " : "round ") << id << " failed: " << why
+                     << (mode_ == "fedbuff" ? "; its updates stay buffered" : "; discarded, retrying");
+    metrics_.write("round_failed", {{"round_id", id},
+                                    {"committed", committed_},
+                                    {"clients", static_cast<std::uint64_t>(completed_.size())},
+                                    {"selected", static_cast<std::uint64_t>(selected_.size())},
+                                    {"reason", why}});
+    if (max_failed_rounds_ > 0 && failed_in_a_row_ >= max_failed_rounds_) give_up();
+  }
+
   void close_round(bool commit) {
     state_ = State::kClosing;
     closing_commit_ = commit;
     for (std::size_t i = 1; i < shards_.size(); ++i) shards_[i].closed = false;
-    local_.close_round(round_, commit);
+    local_.close_round(closing_round_, commit);
     resend_close();
   }
 
@@ -1283,20 +1476,32 @@ class Coordinator {
       all = false;
       if (!s.up) continue;
       Envelope e;
-      e.round = round_;
-      e.body = transport::RoundClose{round_, closing_commit_, static_cast<std::uint32_t>(completed_.size())};
+      e.round = closing_round_;
+      e.body = transport::RoundClose{closing_round_, closing_commit_, static_cast<std::uint32_t>(completed_.size()), false};
       if (!ep_.send(s.peer, std::move(e))) s.up = false;
     }
     if (all) round_closed();
   }
 
   void on_shard_ack(const Message& m, const transport::PushAck& a) {
-    (void)a;
-    if (state_ != State::kClosing || m.envelope.round != round_) return;
+    if (m.envelope.round != closing_round_) return;
+    const bool preparing = a.prepared;
+    if (preparing ? state_ != State::kPreparing : state_ != State::kClosing) return;
     for (std::size_t i = 1; i < shards_.size(); ++i) {
-      if (shards_[i].node_id == m.sender) shards_[i].closed = true;
+      if (shards_[i].node_id != m.sender) continue;
+      if (preparing) {
+        if (shards_[i].prepared) return;
+        shards_[i].prepared = true;
+        if (!a.accepted && prepare_failure_.empty()) prepare_failure_ = a.reason;
+      } else {
+        shards_[i].closed = true;
+      }
     }
-    if (std::all_of(shards_.begin() + 1, shards_.end(), [](const ShardInfo& s) { return s.closed; })) {
+    if (preparing) {
+      if (std::all_of(shards_.begin() + 1, shards_.end(), [](const ShardInfo& s) { return s.prepared; })) {
+        prepared_everywhere();
+      }
+    } else if (std::all_of(shards_.begin() + 1, shards_.end(), [](const ShardInfo& s) { return s.closed; })) {
       round_closed();
     }
   }
@@ -1305,58 +1510,45 @@ class Coordinator {
     if (state_ != State::kClosing) return;
     state_ = State::kIdle;
     if (!closing_commit_) return;
-    if (pending_eval_) {
-      // The previous round's evaluation is still out (its client may be cut off): print that
-      // round without it rather than lose its record.
-      print_round(pending_eval_round_, std::nullopt);
-      pending_eval_ = false;
-    }
+    failed_in_a_row_ = 0;
     ++committed_;
-    last_round_s_ = std::chrono::duration<double>(Clock::now() - round_started_).count();
-    pending_round_record_ = current_record();
+    const auto now = Clock::now();
+    last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
+    RoundRecord record = current_record();
+    if (mode_ == "fedbuff") {
+      record.clients = step_updates_;  // the updates this step averaged (on shard 0)
+      round_started_ = now;
+      reset_round_stats();
+    }
     if (dp_noise_ > 0) {
       accountant_.add_steps(std::min(round_sampling_rate_, 1.0), dp_noise_, 1);
-      pending_round_record_.epsilon = accountant_.epsilon(dp_delta_).epsilon;
+      record.epsilon = accountant_.epsilon(dp_delta_).epsilon;
     }
-    pending_eval_committed_ = committed_;
-    request_eval_or_print();
+    queue_line(mode_ == "fedbuff" ? committed_ : round_, record);
   }
 
-  // Evaluates the new model on one client's copy of the test set, every eval_every rounds and
-  // after the last; the round's line is printed when the result arrives.
-  void request_eval_or_print() {
-    const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
-    // The first reachable client from the cursor on; one whose connection proves gone is skipped.
-    for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
-      auto it = clients_.begin();
-      std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
-      if (!it->second.reachable) continue;
-      transport::RoundStart rs;
-      rs.round = round_;
-      rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
-      // Data-parallel shards read Pull.min_version as the worker's clock: an evaluation is not one.
-      rs.model_version = mode_ == "dataparallel" ? 0 : local_.version();
-      rs.evaluate_only = true;
-      Envelope e;
-      e.round = round_;
-      e.body = rs;
-      if (ep_.send(it->second.peer, std::move(e))) {
-        pending_eval_ = true;
-        pending_eval_round_ = round_;
-        eval_deadline_ = Clock::now() + deadline_;
-        return;
-      }
-      it->second.reachable = false;
-    }
-    print_round(round_, std::nullopt);
-  }
-
+  // ---- progress lines and metrics: one per committed round (FedBuff: step), in order --------
+  //
+  // Every eval_every rounds and after the last, the new model is evaluated on one client's copy
+  // of the test set; the line waits for that result (or its deadline) while later rounds go on
+  // and queue behind it, so no round's line is lost or merged into another's.
   struct RoundRecord {
     std::size_t clients = 0, selected = 0;
     double train_loss = 0, bytes = 0, train_s = 0, comm_s = 0, round_s = 0;
     double uplink = 0;    // payload bytes the clients sent (compressed pushes count as sent)
     double epsilon = -1;  // DP: epsilon at dp.delta after this round; < 0 when DP is off
   };
+  struct Line {
+    std::uint64_t round_id = 0;   // federated: the round's id; FedBuff: the step
+    std::uint64_t committed = 0;  // rounds (steps) committed with this one
+    RoundRecord record;
+    double sampling_rate = 1.0;
+    bool waiting = false;         // for an evaluation
+    std::uint64_t eval_id = 0;    // the RoundStart.round of the evaluation asked for
+    Clock::time_point eval_deadline;
+    std::optional<transport::ClientReport> eval;
+  };
+
   RoundRecord current_record() const {
     RoundRecord r;
     r.clients = completed_.size();
@@ -1370,31 +1562,77 @@ class Coordinator {
     return r;
   }
 
-  void print_round(std::uint64_t round, const std::optional<transport::ClientReport>& eval) {
-    const RoundRecord& r = pending_round_record_;
+  void queue_line(std::uint64_t round_id, const RoundRecord& record) {
+    Line line;
+    line.round_id = round_id;
+    line.committed = committed_;
+    line.record = record;
+    line.sampling_rate = round_sampling_rate_;
+    const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
+    // The first reachable client from the cursor on; one whose connection proves gone is skipped.
+    for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
+      auto it = clients_.begin();
+      std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
+      if (!it->second.reachable) continue;
+      transport::RoundStart rs;
+      // FedBuff's task ids and evaluations share one sequence, so a report names what it answers.
+      rs.round = mode_ == "fedbuff" ? ++round_ : round_;
+      rs.deadline_ms = static_cast<std::uint64_t>(deadline_.count());
+      // Data-parallel shards read Pull.min_version as the worker's clock: an evaluation is not one.
+      rs.model_version = mode_ == "dataparallel" ? 0 : local_.version();
+      rs.evaluate_only = true;
+      Envelope e;
+      e.round = rs.round;
+      e.body = rs;
+      if (ep_.send(it->second.peer, std::move(e))) {
+        line.waiting = true;
+        line.eval_id = rs.round;
+        line.eval_deadline = Clock::now() + deadline_;
+        break;
+      }
+      it->second.reachable = false;
+    }
+    lines_.push_back(std::move(line));
+    flush_lines(Clock::now());
+  }
+
+  // Prints the lines at the head of the queue whose evaluation is in or overdue.
+  void flush_lines(Clock::time_point now) {
+    while (!lines_.empty()) {
+      Line& line = lines_.front();
+      if (line.waiting && now <= line.eval_deadline) break;
+      print_round(line);
+      lines_.pop_front();
+    }
+  }
+
+  void print_round(const Line& line) {
+    const RoundRecord& r = line.record;
+    const auto& eval = line.eval;
     total_bytes_ += r.bytes;
     total_uplink_ += r.uplink;
     const double elapsed = std::chrono::duration<double>(Clock::now() - started_).count();
-    const std::uint64_t done = pending_eval_committed_;
+    const std::uint64_t done = line.committed;
     const double eta = done > 0 ? elapsed / static_cast<double>(done) *
                                       static_cast<double>(rounds_ - std::min(done, rounds_))
                                 : 0;
-    char line[512];
+    char line_text[512];
     char dp[48] = "";
     if (r.epsilon >= 0) std::snprintf(dp, sizeof dp, " | DP eps %.3g (delta %.0e)", r.epsilon, dp_delta_);
-    std::snprintf(line, sizeof line,
-                  "round %3llu/%llu | clients %zu/%zu | train loss %.4f | test loss %s | "
+    std::snprintf(line_text, sizeof line_text,
+                  "%s %3llu/%llu | %s %zu/%zu | train loss %.4f | test loss %s | "
                   "accuracy %s | %s (up %s) | %.1fs (train %.1fs, comm %.1fs)%s | ETA %.0fs",
-                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(rounds_),
-                  r.clients, r.selected, r.train_loss,
+                  mode_ == "fedbuff" ? "step " : "round", static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(rounds_),
+                  mode_ == "fedbuff" ? "updates" : "clients", r.clients, r.selected, r.train_loss,
                   eval ? std::to_string(eval->eval_loss).substr(0, 6).c_str() : "-",
                   eval ? (std::to_string(eval->eval_accuracy * 100).substr(0, 5) + "%").c_str() : "-",
                   human_bytes(r.bytes).c_str(), human_bytes(r.uplink).c_str(), r.round_s, r.train_s,
                   r.comm_s, dp, eta);
-    std::printf("%s\n", line);
+    std::printf("%s\n", line_text);
     std::fflush(stdout);
     std::vector<MetricField> f{{"round", done},
-                               {"round_id", round},
+                               {"round_id", line.round_id},
                                {"clients", static_cast<std::uint64_t>(r.clients)},
                                {"selected", static_cast<std::uint64_t>(r.selected)},
                                {"train_loss", r.train_loss},
@@ -1416,33 +1654,34 @@ class Coordinator {
       f.push_back({"dp_epsilon", r.epsilon});
       f.push_back({"dp_delta", dp_delta_});
       f.push_back({"dp_noise_multiplier", dp_noise_});
-      f.push_back({"dp_sampling_rate", round_sampling_rate_});
+      f.push_back({"dp_sampling_rate", line.sampling_rate});
     }
     metrics_.write("round", f);
   }
 
-  // After server.max_failed_rounds rounds in a row without enough updates: the clients and
-  // shards are told goodbye, and run() throws TrainingError with the reason.
+  // After server.max_failed_rounds failed rounds (steps) in a row: the clients and shards are
+  // told goodbye, and run() throws TrainingError with the reason.
   void give_up() {
-    char why[512];
-    std::snprintf(why, sizeof why,
-                  "%llu rounds in a row closed with fewer than server.min_updates = %zu complete "
-                  "updates (server.max_failed_rounds); the last client refusal: %s. A learning "
-                  "rate too high for the model diverges to non-finite updates, which every shard "
-                  "refuses.",
-                  static_cast<unsigned long long>(failed_in_a_row_), min_updates_,
-                  last_refusal_.empty() ? "none reported" : last_refusal_.c_str());
+    std::string why = std::to_string(failed_in_a_row_) + (mode_ == "fedbuff" ? " steps" : " rounds") +
+                      " in a row failed (server.max_failed_rounds); the last: " + last_failure_ +
+                      "; the last client refusal: " +
+                      (last_refusal_.empty() ? std::string("none reported") : last_refusal_);
+    if (last_refusal_.find("non-finite") != std::string::npos) {
+      why += ". Non-finite updates usually mean a learning rate too high for the model.";
+    }
     failure_ = why;
     COHORT_LOG(Error) << "training stopped: " << failure_;
-    pending_eval_ = false;
+    for (auto& line : lines_) line.waiting = false;
+    flush_lines(Clock::now());
     finish("training failed");
   }
 
   void finish(const char* why = "training finished") {
-    if (pending_eval_) return;  // let the final evaluation arrive (or time out) first
+    flush_lines(Clock::now());
+    if (!lines_.empty()) return;  // let the last evaluations arrive (or time out) first
     finished_ = true;
-    COHORT_LOG(Info) << "training finished: " << committed_ << " rounds in "
-                     << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
+    COHORT_LOG(Info) << "training finished: " << committed_ << (mode_ == "fedbuff" ? " steps" : " rounds")
+                     << " in " << std::chrono::duration<double>(Clock::now() - started_).count() << " s";
     for (auto& [id, c] : clients_) {
       Envelope e;
       e.body = transport::Bye{why};
@@ -1472,13 +1711,17 @@ class Coordinator {
   std::string model_spec_;
   std::uint64_t model_size_ = 0;
   std::uint64_t rounds_ = 0, round_ = 0, committed_ = 0, eval_every_ = 1;
-  std::size_t per_round_ = 0, min_clients_ = 1, min_updates_ = 1;
+  std::size_t per_round_ = 0, min_clients_ = 1, min_updates_ = 1, rule_min_ = 1;
   std::uint64_t failed_in_a_row_ = 0, max_failed_rounds_ = 10;
-  std::string last_refusal_, failure_;
+  std::string last_refusal_, last_failure_, failure_;
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
   State state_ = State::kIdle;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t closing_round_ = 0;  // the round (FedBuff: step) being prepared or closed
+  std::size_t closing_updates_ = 0;
+  std::string prepare_failure_;      // the first shard's reason its rule could not aggregate
   bool closing_commit_ = false;
   Clock::time_point close_retry_;
   std::set<NodeId> selected_, completed_;
@@ -1492,16 +1735,15 @@ class Coordinator {
   double dp_noise_ = 0, dp_delta_ = 1e-5, round_sampling_rate_ = 1.0;
   aggregation::RdpAccountant accountant_;
   float last_accuracy_ = 0;
-  Clock::time_point started_, round_started_, round_deadline_, eval_deadline_;
-  bool pending_eval_ = false;
-  std::uint64_t pending_eval_round_ = 0, pending_eval_committed_ = 0;
-  RoundRecord pending_round_record_;
+  Clock::time_point started_, round_started_, round_deadline_;
+  std::deque<Line> lines_;  // committed rounds not yet printed, oldest first
   std::size_t eval_cursor_ = 0;
   bool finished_ = false;
   std::string mode_;
   bool dp_started_ = false, fb_started_ = false;
-  std::uint64_t fb_version_ = 0;
-  std::size_t fb_buffered_ = 0;  // updates accepted since the last server step
+  std::size_t buffer_k_ = 10, concurrency_ = 10;
+  std::size_t step_updates_ = 0;  // FedBuff: updates in the step being closed (shard 0's count)
+  Clock::time_point fb_retry_;    // FedBuff: no new step before this after a failed one
   std::map<NodeId, Clock::time_point> busy_;
   Clock::time_point next_sweep_;  // of timed-out clients
 };
@@ -1517,9 +1759,123 @@ transport::EndpointOptions endpoint_options(const Config& c, const std::string& 
   return o;
 }
 
+// The modes that honour each mode-specific key; setting one in another mode is an error, never
+// silently ignored. Keys not listed apply to every mode.
+struct ModeKeys {
+  std::string_view key;  // a key, or a free section's prefix ending in '.'
+  std::initializer_list<std::string_view> modes;
+};
+constexpr std::string_view kFederated = "federated", kFedBuff = "fedbuff",
+                           kDataParallel = "dataparallel", kDecentralized = "decentralized";
+const ModeKeys kModeKeys[] = {
+    {"server.rounds", {kFederated, kFedBuff}},
+    {"server.clients_per_round", {kFederated, kDataParallel}},
+    {"server.overselect", {kFederated}},
+    {"server.selection", {kFederated}},
+    {"server.min_updates", {kFederated}},
+    {"server.max_failed_rounds", {kFederated, kFedBuff}},
+    {"server.consistency", {kDataParallel}},
+    {"server.staleness", {kDataParallel}},
+    {"server.steps", {kDataParallel}},
+    {"server.buffer_size", {kFedBuff}},
+    {"server.max_staleness", {kFedBuff}},
+    {"server.concurrency", {kFedBuff}},
+    {"server.eval_every", {kFederated, kFedBuff, kDataParallel}},
+    {"server.round_deadline_ms", {kFederated, kFedBuff, kDataParallel}},
+    {"server.min_clients", {kFederated, kFedBuff, kDataParallel}},
+    {"server.shards", {kFederated, kFedBuff, kDataParallel}},
+    {"server.checkpoint_dir", {kFederated, kFedBuff, kDataParallel}},
+    {"server.checkpoint_every", {kFederated, kFedBuff, kDataParallel}},
+    {"dp.clip", {kFederated}},
+    {"dp.noise_multiplier", {kFederated}},
+    {"dp.delta", {kFederated}},
+    {"dp.seed", {kFederated}},
+    {"aggregator.", {kFederated}},
+    {"server_optimizer.", {kFederated, kFedBuff, kDataParallel}},
+    {"train.", {kFederated, kFedBuff, kDataParallel}},
+    {"decentralized.", {kDecentralized}},
+};
+
+std::string join(std::initializer_list<std::string_view> items) {
+  std::string out;
+  for (auto item : items) out += (out.empty() ? "" : ", ") + std::string(item);
+  return out;
+}
+
+// The formula behind a built-in robust rule's minimum, for the error that names it.
+std::string minimum_formula(const std::string& rule) {
+  if (rule == "krum" || rule == "multi_krum") return "2f+3";
+  if (rule == "bulyan") return "4f+3";
+  return "";
+}
+
+// Checks every key and value that run() and the clients will read, before anything starts, so a
+// bad option fails at start-up with one line instead of after clients joined.
+void validate(const Config& config, const Registries& registries) {
+  const std::string mode = config.get_string("server.mode");
+  if (mode != kFederated && mode != kFedBuff && mode != kDataParallel && mode != kDecentralized) {
+    throw ConfigError("server.mode must be federated, fedbuff, dataparallel or decentralized, got '" +
+                      mode + "'");
+  }
+  for (const auto& [key, modes] : kModeKeys) {
+    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
+    const bool section = key.ends_with('.');
+    const std::string name(section ? key.substr(0, key.size() - 1) : key);
+    const bool set = section ? !config.section(name).names().empty() : config.is_set(name);
+    if (set) {
+      throw ConfigError(std::string(section ? "[" + name + "] options apply" : name + " applies") +
+                        " to server.mode = " + join(modes) + " only, not " + mode);
+    }
+  }
+  if (mode == kDecentralized) return;  // run_rendezvous() checks its own section
+  const std::string selection = config.get_string("server.selection");
+  if (selection != "uniform" && selection != "weighted") {
+    throw ConfigError("server.selection must be uniform or weighted, got '" + selection + "'");
+  }
+  // Clients read [train] after joining: check it here, where a mistake costs nothing.
+  const auto train = config.section("train");
+  for (const char* key : {"device", "threads"}) {
+    if (train.has(key)) {
+      throw ConfigError(std::string("train.") + key + " is not a server option: each client picks its " +
+                        (std::string(key) == "device" ? "device with cohort-client --device (client.device)"
+                                                      : "threads with client.threads"));
+    }
+  }
+  try {
+    (void)client::trainer_options_from(train);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string("[train] (sent to every client): ") + e.what());
+  }
+  const auto optimizer = config.section("server_optimizer");
+  (void)registries.server_optimizers.create(optimizer.get_string("name", "sgd"), optimizer);
+  const auto rule_options = config.section("aggregator");
+  const std::string rule = rule_options.get_string("name", "fedavg");
+  const auto aggregator = registries.aggregators.create(rule, rule_options);
+  if (mode != kFederated) return;
+  const auto cohort = static_cast<std::size_t>(std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
+  if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
+  const std::int64_t min_updates = config.get_int("server.min_updates");
+  if (min_updates > static_cast<std::int64_t>(cohort)) {
+    throw ConfigError("server.min_updates = " + std::to_string(min_updates) +
+                      " can never be reached: a round closes at server.clients_per_round = " +
+                      std::to_string(cohort) + " complete updates");
+  }
+  if (const std::size_t need = aggregator->min_updates(); need > cohort) {
+    const std::string formula = minimum_formula(rule);
+    throw ConfigError(
+        "aggregator '" + rule + "'" +
+        (rule_options.has("f") ? " with f = " + std::to_string(rule_options.get_int("f", 0)) : "") +
+        " needs at least " + (formula.empty() ? "" : formula + " = ") + std::to_string(need) +
+        " complete updates per round, but a round closes at server.clients_per_round = " +
+        std::to_string(cohort) + ": raise server.clients_per_round to " + std::to_string(need) +
+        (formula.empty() ? "" : " or lower aggregator.f"));
+  }
+}
+
 }  // namespace
 
 ConfigSchema config_schema() {
+  const Registries builtins = builtin_registries();
   ConfigSchema s;
   s.add("server.shard", std::int64_t{0}, "this shard's index (0 also coordinates)")
       .add("server.shards", std::int64_t{1}, "number of shards")
@@ -1543,7 +1899,7 @@ ConfigSchema config_schema() {
       .add("server.max_failed_rounds", std::int64_t{10},
            "rounds in a row without server.min_updates complete updates before the coordinator "
            "stops with an error (0: retry for ever)")
-      .add("server.selection", std::string("uniform"), "uniform | weighted (by data size)")
+      .add("server.selection", std::string("uniform"), "federated: uniform | weighted (by data size)")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
       .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")
       .add("server.seed", std::int64_t{1}, "seed of client selection")
@@ -1558,14 +1914,25 @@ ConfigSchema config_schema() {
       .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
       .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
       .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
+      .add("tls.coordinator_name", std::string("shard-0"),
+           "the coordinator's certificate name (CN): shards > 0 refuse any other; shard 0's "
+           "server.name must equal it")
       .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
       .add("transport.receive_queue", std::int64_t{0},
            "chunks queued per client before TCP pushes back (0: 1 in plaintext; under TLS 2 while "
            "at most 8 clients are connected, then 1)")
       .add_section("decentralized", "server.mode = decentralized: peers = 4, topology = ring, algorithm = dpsgd, steps, lr, batch, momentum, mu, gamma, compressor, weight_decay, partition, gossip_timeout_ms (sent to every peer)")
-      .add_section("train", "client-side training options sent to clients (epochs, batch_size, lr, momentum, optimizer, ...)")
-      .add_section("aggregator", "aggregation rule: name = \"fedavg\" and its options")
-      .add_section("server_optimizer", "server optimizer: name = \"sgd\" | \"fedavgm\" and its options")
+      .add_section("train", "client-side training options sent to clients and checked at start-up: "
+                            "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "
+                            "weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu, "
+                            "reset_optimizer_state, eval_batch_size (each client picks its own "
+                            "device and threads: cohort-client --device, client.threads)")
+      .add_section("aggregator", "federated only: the aggregation rule, name = " +
+                                     builtins.aggregators.names() +
+                                     " or a plug-in's, and its options (f, beta, ...)")
+      .add_section("server_optimizer", "how a shard applies each aggregate (data-parallel: each "
+                                       "gradient): name = " + builtins.server_optimizers.names() +
+                                       ", and its options (lr, momentum, beta1, beta2, tau)")
       .add("dp.clip", 0.0,
            "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
            "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
@@ -1585,6 +1952,7 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx) {
+  validate(config, registries);
   if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
   const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
@@ -1593,21 +1961,21 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   }
   std::string name = config.get_string("server.name");
   if (name.empty()) name = "shard-" + std::to_string(index);
+  if (index == 0 && name != config.get_string("tls.coordinator_name")) {
+    throw ConfigError("shard 0 is the coordinator, and clients and shards accept only the name "
+                      "tls.coordinator_name = '" + config.get_string("tls.coordinator_name") +
+                      "', but server.name is '" + name + "': set both alike");
+  }
   if (index > 0 && config.get_string("server.coordinator").empty()) {
     throw ConfigError("shard " + std::to_string(index) + " needs --coordinator (the url of shard 0)");
   }
   const std::string mode = config.get_string("server.mode");
-  if (mode != "federated" && mode != "fedbuff" && mode != "dataparallel") {
-    throw ConfigError("server.mode must be federated, fedbuff or dataparallel, got '" + mode + "'");
-  }
   const std::string consistency = config.get_string("server.consistency");
   if (consistency != "bsp" && consistency != "asp" && consistency != "ssp") {
     throw ConfigError("server.consistency must be bsp, asp or ssp, got '" + consistency + "'");
   }
   const std::string spec = config.get_string("model.spec");
   const auto model_size = kernels::make_network_spec(spec).parameter_count();  // validates the spec early
-  (void)registries.aggregators.create(config.section("aggregator").get_string("name", "fedavg"),
-                                      config.section("aggregator"));
   const double dp_clip = config.get_double("dp.clip"), dp_noise = config.get_double("dp.noise_multiplier");
   if (!(dp_clip >= 0) || !std::isfinite(dp_clip)) throw ConfigError("dp.clip must be >= 0");
   if (!(dp_noise >= 0) || !std::isfinite(dp_noise)) throw ConfigError("dp.noise_multiplier must be >= 0");
@@ -1648,6 +2016,9 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
     coordinator.emplace(config, shard, ep, name, *metrics);
   } else {
     auto up = endpoint_options(config, name);
+    // Only the federation's coordinator may drive this shard: any other certificate of the same
+    // CA is refused in the handshake.
+    up.security.expected_peer = config.get_string("tls.coordinator_name");
     upstream.emplace(Endpoint::connect(ctx, config.get_string("server.coordinator"), up));
   }
 
@@ -1690,13 +2061,19 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
             if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
               if (!welcomed) shard.setup(w->model_spec, w->model_size);
               welcomed = true;
+              shard.on_welcome(w->coordinator_epoch, w->current_round);
             } else if (auto* ro = std::get_if<transport::RoundOpen>(&m->envelope.body)) {
               shard.open_round(ro->round, ro->clients);
             } else if (auto* rc = std::get_if<transport::RoundClose>(&m->envelope.body)) {
-              const auto v = shard.close_round(rc->round, rc->commit);
               Envelope a;
               a.round = rc->round;
-              a.body = transport::PushAck{true, "", v};
+              if (rc->prepare) {
+                auto p = shard.prepare_round(rc->round);
+                a.body = transport::PushAck{p.ok, std::move(p.reason), shard.version(), true};
+              } else {
+                const auto v = shard.close_round(rc->round, rc->commit);
+                a.body = transport::PushAck{true, "", v, false};
+              }
               upstream->send({}, std::move(a));
             } else if (std::holds_alternative<transport::Bye>(m->envelope.body)) {
               COHORT_LOG(Info) << name << ": the coordinator says training is finished";

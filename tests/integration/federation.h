@@ -39,7 +39,7 @@ class Federation {
 
   std::vector<std::string> shard_args(int i) const {
     std::vector<std::string> a{"--shard", std::to_string(i), "--shards", std::to_string(shards_),
-                               "--server.checkpoint_dir=" + dir_.file("ckpt"), "--log-level", "info"};
+                               "--server.checkpoint_dir=" + dir_.file("ckpt"), "--log-level", shard_log_level};
     if (i == 0) {
       a.insert(a.end(), {"--listen", "tcp://127.0.0.1:*", "--port-file", dir_.file("port"),
                          "--server.metrics_file=" + metrics()});
@@ -143,6 +143,7 @@ class Federation {
 
   std::vector<Process> clients;
   std::map<int, std::vector<std::string>> client_extra;  // extra flags per client index
+  std::string shard_log_level = "info";
 
  private:
   TempDir dir_;
