@@ -1349,19 +1349,24 @@ class Coordinator {
     }
     if (mode_ == "fedbuff" && !r.evaluated) {
       busy_.erase(m.sender);
-      selected_.insert(m.sender);
-      ++reported_;
-      round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
-      round_uplink_ += static_cast<double>(r.bytes_sent);
-      if (r.trained) {
-        completed_.insert(m.sender);
-        round_loss_ += static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples);
-        round_samples_ += r.num_samples;
-        round_train_s_ = std::max(round_train_s_, static_cast<double>(r.train_seconds));
-        round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
-      } else {
+      if (!r.trained) {
         COHORT_LOG(Info) << "client " << m.sender << ": " << r.message;
         last_refusal_ = m.sender + ": " + r.message.substr(0, 200);
+        return;
+      }
+      // A report may arrive after the step that averaged its update: it goes to the oldest
+      // committed step still short of reports, else it waits for the next step.
+      const Report report{static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples),
+                          r.num_samples, static_cast<double>(r.bytes_sent + r.bytes_received),
+                          static_cast<double>(r.bytes_sent), static_cast<double>(r.train_seconds),
+                          static_cast<double>(r.comm_seconds)};
+      auto line = std::find_if(lines_.begin(), lines_.end(),
+                               [](const Line& l) { return l.reports < l.record.clients; });
+      if (line != lines_.end()) {
+        line->add(report);
+        flush_lines(Clock::now());
+      } else {
+        fb_reports_.push_back(report);
       }
       return;
     }
@@ -1516,9 +1521,10 @@ class Coordinator {
     last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
     RoundRecord record = current_record();
     if (mode_ == "fedbuff") {
+      record = RoundRecord{};
       record.clients = step_updates_;  // the updates this step averaged (on shard 0)
+      record.round_s = last_round_s_;
       round_started_ = now;
-      reset_round_stats();
     }
     if (dp_noise_ > 0) {
       accountant_.add_steps(std::min(round_sampling_rate_, 1.0), dp_noise_, 1);
@@ -1526,6 +1532,13 @@ class Coordinator {
     }
     queue_line(mode_ == "fedbuff" ? committed_ : round_, record);
   }
+
+  // A trained FedBuff task's report, kept until a step's line takes it.
+  struct Report {
+    double loss_sum = 0;  // train loss x samples
+    std::uint64_t samples = 0;
+    double bytes = 0, uplink = 0, train_s = 0, comm_s = 0;
+  };
 
   // ---- progress lines and metrics: one per committed round (FedBuff: step), in order --------
   //
@@ -1547,6 +1560,26 @@ class Coordinator {
     std::uint64_t eval_id = 0;    // the RoundStart.round of the evaluation asked for
     Clock::time_point eval_deadline;
     std::optional<transport::ClientReport> eval;
+    // FedBuff: the reports of the updates this step averaged (record.clients of them), which
+    // may come in after the step; the line waits for them until `reports_deadline`.
+    std::size_t reports = 0;
+    double loss_sum = 0;
+    std::uint64_t samples = 0;
+    Clock::time_point reports_deadline;
+    void add(const Report& r) {
+      ++reports;
+      loss_sum += r.loss_sum;
+      samples += r.samples;
+      record.bytes += r.bytes;
+      record.uplink += r.uplink;
+      record.train_s = std::max(record.train_s, r.train_s);
+      record.comm_s = std::max(record.comm_s, r.comm_s);
+      record.selected = reports;
+      record.train_loss = samples ? loss_sum / static_cast<double>(samples) : 0;
+    }
+    [[nodiscard]] bool ready(Clock::time_point now) const {
+      return (!waiting || now > eval_deadline) && (reports >= record.clients || now > reports_deadline);
+    }
   };
 
   RoundRecord current_record() const {
@@ -1568,6 +1601,15 @@ class Coordinator {
     line.committed = committed_;
     line.record = record;
     line.sampling_rate = round_sampling_rate_;
+    if (mode_ == "fedbuff") {
+      while (line.reports < line.record.clients && !fb_reports_.empty()) {
+        line.add(fb_reports_.front());
+        fb_reports_.pop_front();
+      }
+      line.reports_deadline = Clock::now() + deadline_;
+    } else {
+      line.reports = line.record.clients;  // a federated round's reports are all in
+    }
     const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
     // The first reachable client from the cursor on; one whose connection proves gone is skipped.
     for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
@@ -1600,7 +1642,7 @@ class Coordinator {
   void flush_lines(Clock::time_point now) {
     while (!lines_.empty()) {
       Line& line = lines_.front();
-      if (line.waiting && now <= line.eval_deadline) break;
+      if (!line.ready(now)) break;
       print_round(line);
       lines_.pop_front();
     }
@@ -1671,7 +1713,10 @@ class Coordinator {
     }
     failure_ = why;
     COHORT_LOG(Error) << "training stopped: " << failure_;
-    for (auto& line : lines_) line.waiting = false;
+    for (auto& line : lines_) {
+      line.waiting = false;
+      line.reports_deadline = Clock::now();
+    }
     flush_lines(Clock::now());
     finish("training failed");
   }
@@ -1745,6 +1790,7 @@ class Coordinator {
   std::size_t step_updates_ = 0;  // FedBuff: updates in the step being closed (shard 0's count)
   Clock::time_point fb_retry_;    // FedBuff: no new step before this after a failed one
   std::map<NodeId, Clock::time_point> busy_;
+  std::deque<Report> fb_reports_;  // FedBuff: reports no step's line has taken yet
   Clock::time_point next_sweep_;  // of timed-out clients
 };
 

@@ -9,6 +9,9 @@
 #                               [--client-flag FLAG]... [--client-flag-for I FLAG]...
 #   --server-flag FLAG passes FLAG (e.g. --aggregator.name=median) to every shard, --client-flag
 #   FLAG (e.g. --compressor.name=topk) to every client, --client-flag-for I FLAG to client I only.
+#   --server-flag --server.mode=fedbuff (or dataparallel) runs that mode from fedbuff.toml (or
+#   dataparallel.toml) beside this script; --rounds R is then R server steps (data-parallel: R
+#   steps per worker).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin"
@@ -61,17 +64,40 @@ else
   for ((i = 0; i < clients; i++)); do "$bin/cohort-keygen" node --ca "$work/ca" --name "client-$i" --out "$work/certs" >/dev/null; done
   tls_for() { echo "--tls.ca_file=$work/ca/ca.pem --tls.cert_file=$work/certs/$1.pem --tls.key_file=$work/certs/$1.key"; }
 fi
-extra=()
-[ -n "$rounds" ] && extra+=("--server.rounds=$rounds")
-extra+=("--server.clients_per_round=$clients" "--server.min_clients=$clients")
-# A round still counts at its deadline with half the cohort (fedavg.toml's 5 assumes 10 clients;
-# with fewer clients than that, no round could ever commit).
-extra+=("--server.min_updates=$(( (clients + 1) / 2 ))")
+# The server mode, from the flags (the last --server.mode wins, as in cohort-server): each mode
+# has its own file, since the server refuses keys its mode cannot honour.
+mode=federated
+for ((k = 0; k < ${#server_flags[@]}; k++)); do
+  case "${server_flags[$k]}" in
+    --server.mode=*) mode=${server_flags[$k]#--server.mode=} ;;
+    --server.mode) mode=${server_flags[$((k + 1))]:-federated} ;;
+  esac
+done
+case "$mode" in
+  federated) config="$here/fedavg.toml" ;;
+  fedbuff|dataparallel) config="$here/$mode.toml" ;;
+  *) echo "run.sh: server.mode '$mode' is not one this example runs (federated, fedbuff, dataparallel)" >&2; exit 2 ;;
+esac
+extra=("--server.min_clients=$clients")
+case "$mode" in
+  federated)
+    [ -n "$rounds" ] && extra+=("--server.rounds=$rounds")
+    extra+=("--server.clients_per_round=$clients")
+    # A round still counts at its deadline with half the cohort (fedavg.toml's 5 assumes 10
+    # clients; with fewer clients than that, no round could ever commit).
+    extra+=("--server.min_updates=$(( (clients + 1) / 2 ))") ;;
+  fedbuff)
+    [ -n "$rounds" ] && extra+=("--server.rounds=$rounds")
+    extra+=("--server.concurrency=$clients") ;;
+  dataparallel)
+    [ -n "$rounds" ] && extra+=("--server.steps=$rounds")
+    extra+=("--server.clients_per_round=$clients") ;;
+esac
 extra+=(${server_flags[@]+"${server_flags[@]}"})
 
 start=$(date +%s.%N)
 # shellcheck disable=SC2046
-"$bin/cohort-server" --config "$here/fedavg.toml" --shard 0 --shards "$shards" \
+"$bin/cohort-server" --config "$config" --shard 0 --shards "$shards" \
   --listen 'tcp://127.0.0.1:*' --port-file "$work/port" --server.metrics_file="$out/metrics.jsonl" \
   "${extra[@]}" $(tls_for shard-0) --log-level warn &
 pids+=($!)
@@ -81,7 +107,7 @@ for _ in $(seq 1 200); do [ -s "$work/port" ] && break; sleep 0.05; done
 coordinator="tcp://127.0.0.1:$(cat "$work/port")"
 for ((i = 1; i < shards; i++)); do
   # shellcheck disable=SC2046
-  "$bin/cohort-server" --config "$here/fedavg.toml" --shard "$i" --shards "$shards" \
+  "$bin/cohort-server" --config "$config" --shard "$i" --shards "$shards" \
     --listen 'tcp://127.0.0.1:*' --coordinator "$coordinator" $(tls_for "shard-$i") \
     ${server_flags[@]+"${server_flags[@]}"} --log-level warn 2>"$work/shard-$i.log" &
   pids+=($!)
@@ -93,7 +119,7 @@ for ((i = 0; i < clients; i++)); do
     ${client_flags_for[$i]:-} --log-level warn 2>"$work/client-$i.log" &
   pids+=($!)
 done
-echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), FedAvg, model mlp:784-256-128-10, partition $partition"
+echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), server.mode $mode, model mlp:784-256-128-10, partition $partition"
 status=0
 wait "$server0" || status=$?
 end=$(date +%s.%N)

@@ -68,6 +68,9 @@ TEST_CASE("FedBuff runs every step to the end: 1 and 2 shards, buffer sizes 1 to
     for (std::size_t i = 0; i < steps.size(); ++i) {
       CHECK(steps[i]["round"] == i + 1);  // every step has its line, in order
       CHECK(steps[i]["clients"].get<int>() >= 1);  // updates the step averaged
+      // ... each with its client's report, even one that came in after the step.
+      CHECK(steps[i]["selected"] == steps[i]["clients"]);
+      CHECK(steps[i]["train_loss"].get<double>() > 0);
       // Evaluated every 2 steps and after the last: a step waiting for its evaluation is not
       // merged into the next one's line.
       if ((i + 1) % 2 == 0 || i + 1 == steps.size()) CHECK(steps[i].contains("test_accuracy"));
