@@ -1,5 +1,5 @@
 // The trainer on "cuda:0" against the CPU reference, through the device-neutral interface. Skips
-// at run time when the build or the machine has no CUDA device.
+// at run time when the build or the machine has no CUDA device: CTest reports it as skipped.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
 #include "cohort/kernels/device.h"
+#include "skip.h"
 
 namespace cohort::client {
 using kernels::make_network_spec;
@@ -42,7 +43,8 @@ std::vector<float> train_on(std::string_view device_name, const TrainerOptions& 
 
 TEST_CASE("training on cuda:0 matches the CPU, with and without FedProx") {
   if (kernels::cuda_device_count() == 0) {
-    MESSAGE("skipped: no CUDA device");
+    test::skip_test_case(kernels::built_with_cuda() ? "no CUDA device"
+                                                    : "no CUDA device (built without CUDA)");
     return;
   }
   const Dataset data = noisy_blobs(256);

@@ -1,5 +1,8 @@
 # cohort_add_tests(NAME LABELS l... LINK t... SOURCES s... [TIMEOUT sec] [DEFINES d...])
-# Builds one doctest binary (main supplied here) and registers it with CTest.
+# Builds one doctest binary (main supplied here) and registers it with CTest. The main
+# (tests/support/doctest_main.cc) fails a run in which a test case passed with zero assertions or
+# no test case ran, and exits with 77 when every test case that ran called
+# cohort::test::skip_test_case() ("skip.h"): CTest then reports the test as skipped, not passed.
 function(cohort_add_tests name)
   if(NOT COHORT_BUILD_TESTS)
     return()
@@ -16,9 +19,11 @@ function(cohort_add_tests name)
   endif()
   add_executable(${name} $<TARGET_OBJECTS:cohort_doctest_main> ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LINK} doctest::doctest cohort::warnings cohort::options)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
   add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT})
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    SKIP_RETURN_CODE 77)
   # Collected into the target cohort_unprivileged_tests (top-level CMakeLists.txt).
   if(NOT "root" IN_LIST ARG_LABELS)
     set_property(GLOBAL APPEND PROPERTY COHORT_UNPRIVILEGED_TESTS ${name})

@@ -1,5 +1,5 @@
-// CUDA networks against the CPU reference, through the public API only. Skips (passing) when the
-// build has no CUDA or the machine has no device.
+// CUDA networks against the CPU reference, through the public API only. Without a device (or
+// without CUDA in the build) every test case skips, and CTest reports the binary as skipped.
 //
 // Tolerances: cuBLAS sums in a different order (and may use FMA where the CPU path does not), so
 // float results agree to ~1e-6 relative per op; after a few training steps 1e-4 relative (plus a
@@ -14,14 +14,16 @@
 #include "cohort/core/error.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
+#include "skip.h"
 
 namespace cohort::kernels {
 namespace {
 
+// True with a device; otherwise marks the test case skipped, and the caller returns.
 bool have_cuda() {
   if (cuda_device_count() > 0) return true;
-  MESSAGE(std::string(built_with_cuda() ? "skipped: no CUDA device"
-                                         : "skipped: no CUDA device (built without CUDA)"));
+  test::skip_test_case(built_with_cuda() ? "no CUDA device"
+                                         : "no CUDA device (built without CUDA)");
   return false;
 }
 
