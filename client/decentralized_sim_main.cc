@@ -5,7 +5,10 @@
 //   cohort-decentralized-sim --nodes 16 --topology ring --partition dirichlet:0.1 \
 //       --algos dpsgd,dsgdm,qg_dsgdm --steps 1500 --lr 0.05
 //   cohort-decentralized-sim --config examples/sim/decentralized_ring.toml
+//   cohort-decentralized-sim --nodes 4 --topology random_regular --topology-option degree=2 \
+//       --algos choco --compressor topk --compressor-option k_fraction=0.1
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -42,7 +45,8 @@ int main(int argc, char** argv) {
   double lr = 0.05, momentum = 0.9, mu = 0.9, weight_decay = 0.0, gamma = 0.5;
   std::string topology = "ring", partition = "dirichlet:0.1", algos = "dpsgd,dsgdm,qg_dsgdm";
   std::string model = "mlp:784-256-128-10", data_dir(client::kFashionMnistDir);
-  std::string compressor = "none";
+  std::string compressor = "none", allreduce = "ring";
+  std::vector<std::string> topology_opts, compressor_opts;
   std::uint64_t seed = 1, staleness = 0;
   app.add_option("--nodes", nodes, "number of peers");
   app.add_option("--topology", topology,
@@ -57,7 +61,15 @@ int main(int argc, char** argv) {
   app.add_option("--mu", mu, "QG's slow-buffer factor mu");
   app.add_option("--weight-decay", weight_decay, "lambda");
   app.add_option("--gamma", gamma, "CHOCO's consensus step");
-  app.add_option("--compressor", compressor, "CHOCO's compressor (default error feedback off)");
+  app.add_option("--topology-option", topology_opts,
+                 "KEY=VALUE for the topology (random_regular: degree, seed; torus: rows, cols; "
+                 "time_varying: seed); repeatable");
+  app.add_option("--compressor", compressor, "CHOCO's compressor (the only algorithm with one)");
+  app.add_option("--compressor-option", compressor_opts,
+                 "KEY=VALUE for CHOCO's compressor (k_fraction, k, s, ..., error_feedback = false "
+                 "unless given); repeatable");
+  app.add_option("--allreduce", allreduce,
+                 "ring_allreduce's collective: ring, recursive_doubling or auto");
   app.add_option("--model", model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", data_dir, "Fashion-MNIST folder");
   app.add_option("--seed", seed, "seed of the split, the batches and the initial model");
@@ -68,41 +80,99 @@ int main(int argc, char** argv) {
   // Every option can also come from a TOML file (key = the option's long name, e.g. nodes = 16);
   // flags on the command line win. examples/sim/decentralized_ring.toml is one.
   app.set_config("--config", "", "read options from a TOML file (keys: the long option names)");
+  // A key of the file that is no option is an error, as on the command line.
+  app.allow_config_extras(CLI::config_extras_mode::error);
   CLI11_PARSE(app, argc, argv);
   try {
     set_log_level(LogLevel::Warn);
+    const auto algo_list = split(algos);
+    if (algo_list.empty()) throw ConfigError("--algos names no algorithm");
+    auto any = [&](auto pred) { return std::any_of(algo_list.begin(), algo_list.end(), pred); };
+    // An option that none of the algorithms takes would be silently ignored: refused instead.
+    auto refuse_unless = [&](const char* flag, bool used) {
+      if (app.count(flag) > 0 && !used) {
+        throw ConfigError(std::string(flag) + " applies to none of --algos " + algos);
+      }
+    };
+    const auto takes_momentum = [](const std::string& a) {
+      return a.starts_with("dsgdm") || a.starts_with("qg") || a == "push_sum" || a == "sgp" ||
+             a == "choco" || a == "ring_allreduce";
+    };
+    refuse_unless("--momentum", any(takes_momentum));
+    refuse_unless("--mu", any([](const std::string& a) { return a.starts_with("qg"); }));
+    refuse_unless("--gamma", any([](const std::string& a) { return a == "choco"; }));
+    refuse_unless("--allreduce", any([](const std::string& a) { return a == "ring_allreduce"; }));
+    const bool choco = any([](const std::string& a) { return a == "choco"; });
+    if (!choco && (compressor != "none" || !compressor_opts.empty())) {
+      throw ConfigError("--compressor and --compressor-option apply to choco only, which --algos " +
+                        algos + " does not name");
+    }
+    // Each algorithm's settings as the [decentralized] section a rendezvous would send, checked
+    // the same way (decentralized_settings_from): every option reaches its component.
+    auto settings_for = [&](const std::string& algo) {
+      ConfigSchema schema;
+      schema.add_section("decentralized", "");
+      Config c(schema);
+      const auto set = [&](const std::string& key, const std::string& value) {
+        c.set("decentralized." + key, value);
+      };
+      auto key_value = [](const std::string& kv, const char* flag) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0) {
+          throw ConfigError(std::string(flag) + " takes KEY=VALUE, got '" + kv + "'");
+        }
+        return std::pair{kv.substr(0, eq), kv.substr(eq + 1)};
+      };
+      set("peers", std::to_string(nodes));
+      set("steps", std::to_string(steps));
+      set("batch", std::to_string(batch));
+      c.set_value("decentralized.lr", lr);
+      set("partition", partition);
+      set("staleness", std::to_string(staleness));
+      set("algorithm", algo);
+      set("topology", topology);
+      for (const auto& kv : topology_opts) {
+        const auto [k, v] = key_value(kv, "--topology-option");
+        set("topology_options." + k, v);
+      }
+      if (takes_momentum(algo)) c.set_value("decentralized.momentum", momentum);
+      if (algo.starts_with("qg")) c.set_value("decentralized.mu", mu);
+      if (algo == "choco") {
+        c.set_value("decentralized.gamma", gamma);
+        set("compressor", compressor);
+        for (const auto& kv : compressor_opts) {
+          const auto [k, v] = key_value(kv, "--compressor-option");
+          set("compressor_options." + k, v);
+        }
+      }
+      if (algo == "ring_allreduce") set("allreduce", allreduce);
+      c.set_value("decentralized.weight_decay", weight_decay);
+      return agg::decentralized_settings_from(c.section("decentralized"), [](const std::string& p) {
+        (void)client::parse_partition_spec(p);
+      });
+    };
+    std::vector<agg::DecentralizedSettings> all_settings;
+    for (const auto& algo : algo_list) all_settings.push_back(settings_for(algo));
+
     auto data = client::load_fashion_mnist(data_dir, /*standardize=*/true);
     const auto spec = kernels::make_network_spec(model);
     const auto parts = client::make_partition(client::parse_partition_spec(partition),
                                               data.train.labels(), nodes, seed);
     auto device = kernels::make_device("cpu", {.threads = 1});
-    agg::TopologyRegistry topologies;
-    agg::add_builtin_topologies(topologies);
-    auto topo = topologies.create(topology, {});
+    auto topo = agg::make_topology(all_settings.front());
     agg::DecentralizedOptimizerRegistry optimizers;
     agg::add_builtin_decentralized_optimizers(optimizers);
-    agg::CompressorRegistry compressors;
-    agg::add_builtin_compressors(compressors);
-    std::shared_ptr<const agg::Compressor> q =
-        compressors.create(compressor, ConfigSection("compressor", {{"error_feedback", false}}));
     const double rho = spectral_gap(topo->mixing(static_cast<Rank>(nodes), 0));
 
-    for (const auto& algo : split(algos)) {
-      std::map<std::string, Value, std::less<>> opts;
-      if (algo.starts_with("dsgdm") || algo.starts_with("qg") || algo == "push_sum" ||
-          algo == "sgp" || algo == "choco" || algo == "ring_allreduce") {
-        opts["momentum"] = momentum;
-      }
-      if (algo.starts_with("qg")) opts["mu"] = mu;
-      if (algo == "choco") opts["gamma"] = gamma;
-      opts["weight_decay"] = weight_decay;
-      const ConfigSection section("decentralized", opts);
+    for (const auto& settings : all_settings) {
+      const std::string& algo = settings.algorithm;
+      const auto q = agg::make_compressor(settings);
       InMemoryNetwork net(static_cast<Rank>(nodes));
       std::vector<std::unique_ptr<client::PeerLearner>> peers;
       for (std::size_t i = 0; i < nodes; ++i) {
         peers.push_back(std::make_unique<client::PeerLearner>(*device, spec, data.train, parts[i],
                                                               batch, seed * 1000003ULL + i, seed,
-                                                              optimizers.create(algo, section, q)));
+                                                              agg::make_optimizer(settings, q)));
       }
       std::vector<std::unique_ptr<agg::Gossip>> gossips;
       for (std::size_t i = 0; i < nodes; ++i) {
@@ -189,7 +259,9 @@ int main(int argc, char** argv) {
       if (staleness > 0) j["staleness"] = staleness;
       j["batch"] = batch;
       j["lr"] = lr;
-      if (opts.contains("momentum")) j["momentum"] = momentum;
+      if (takes_momentum(algo)) j["momentum"] = momentum;
+      if (algo == "choco") j["compressor"] = compressor;
+      if (algo == "ring_allreduce") j["allreduce"] = allreduce;
       j["avg_model_test_accuracy"] = avg_eval.accuracy;
       j["mean_node_test_accuracy"] = mean_acc;
       j["min_node_test_accuracy"] = min_acc;

@@ -195,7 +195,7 @@ class Participant {
   const std::string& name() const { return config_.get_string("client.name"); }
 
   void report_fatal(const std::string& why) {
-    if (!coordinator_ || !coordinator_->is_ready() || coordinator_handshakes_ == 0) return;
+    if (!coordinator_ || !registered_ || !coordinator_->is_ready()) return;
     transport::ClientReport r;
     r.round = current_round_;
     r.fatal = true;
@@ -254,6 +254,7 @@ class Participant {
         Envelope e;
         e.body = r;
         coordinator_->send({}, std::move(e));
+        registered_ = true;  // a session with the real coordinator: it can hear a fatal report
         const auto until = Clock::now() + 2s;
         while (Clock::now() < until) {
           auto m = coordinator_->receive(100ms);
@@ -611,6 +612,7 @@ class Participant {
   std::optional<transport::ClientReport> last_report_;
   std::uint64_t coordinator_handshakes_ = 0;
   std::uint64_t current_round_ = 0;  // of the last RoundStart, for a fatal report
+  bool registered_ = false;
   std::vector<std::unique_ptr<Endpoint>> shard_eps_;
   std::vector<transport::ShardInfo> shards_;
   std::deque<Message> deferred_;

@@ -1181,6 +1181,19 @@ class Fleet {
   Summary summary_;
 };
 
+// The clients' keys, checked before any shard starts: an unknown train.* key or a bad value is a
+// one-line error at start-up, not a failure after the virtual clients joined.
+void check_client_side(const Config& config) {
+  (void)trainer_options_from(config.section("train"));
+  (void)parse_partition_spec(config.get_string("data.partition"));
+  if (config.get_int("data.seed") < 0) throw ConfigError("data.seed must be >= 0");
+  if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
+  const auto threads = config.get_int("sim.threads");
+  if (threads < 0 || threads > 1024) {
+    throw ConfigError("sim.threads must be between 0 and 1024, got " + std::to_string(threads));
+  }
+}
+
 std::string sim_url(std::uint64_t run, std::uint32_t shard) {
   return "inproc://cohort-sim-" + std::to_string(run) + "-shard-" + std::to_string(shard);
 }
@@ -1243,7 +1256,13 @@ Summary run_in_process(const Config& config, const Registries& registries,
   if (config.get_string("server.mode") != "federated") {
     throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
   }
-  if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
+  check_client_side(config);
+  if (!trainer_options_from(config.section("train")).reset_optimizer_state) {
+    // Training threads are shared by all clients; per-client optimizer state is not kept.
+    throw ConfigError(
+        "the simulation keeps no optimizer state between a client's rounds: "
+        "train.reset_optimizer_state = false is not simulated");
+  }
   const auto shards =
       static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
   static std::atomic<std::uint64_t> runs{0};
@@ -1348,6 +1367,7 @@ std::string read_port(const std::filesystem::path& file, pid_t pid, const std::a
 
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
                   const std::atomic<bool>& stop) {
+  check_client_side(config);
   const auto n = config.get_int("sim.clients");
   constexpr std::int64_t kMaxProcesses = 200;
   if (n < 1 || n > kMaxProcesses) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cohort/aggregation/decentralized.h"
+#include "cohort/client/partition.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
@@ -285,9 +286,10 @@ class Rendezvous {
 
 int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx) {
   // Every key and value, at start-up, before binding: an unknown key or a bad option stops the
-  // server before any peer registers, instead of every peer failing after its Welcome. The
-  // partition spec's language lives in client/: each peer checks it and reports a fatal error.
-  (void)aggregation::decentralized_settings_from(config.section("decentralized"));
+  // server before any peer registers, instead of every peer failing after its Welcome.
+  (void)aggregation::decentralized_settings_from(
+      config.section("decentralized"),
+      [](const std::string& spec) { (void)client::parse_partition_spec(spec); });
   (void)kernels::make_network_spec(config.get_string("model.spec"));
   transport::EndpointOptions o;
   o.node_id =
