@@ -135,7 +135,9 @@ Config shard_config(const Config& sim, std::uint32_t index, const std::vector<st
   const ConfigSchema schema = server::config_schema();
   Config c(schema);
   for (const auto& o : schema.options()) {
-    if (set_by_sim(o.key)) continue;
+    // Only what the simulation's file or flags set: the server refuses a key its mode cannot
+    // honour, and its defaults are the simulation's.
+    if (set_by_sim(o.key) || !sim.is_set(o.key)) continue;
     c.set_value(o.key, [&]() -> Value {
       switch (o.type) {
         case ValueType::kBool:
@@ -1185,6 +1187,14 @@ class Fleet {
 // one-line error at start-up, not a failure after the virtual clients joined.
 void check_client_side(const Config& config) {
   (void)trainer_options_from(config.section("train"));
+  // The fleet trains on CPU threads of its own (sim.threads): a train.device or train.threads
+  // would be ignored, so it is refused.
+  const auto choice = device_choice_from(config.section("train"));
+  if (choice.device != "cpu" || config.section("train").has("threads")) {
+    throw ConfigError(
+        "cohort-sim trains every virtual client on the CPU with one thread each: train.device "
+        "and train.threads do not apply (set sim.threads for the number of training threads)");
+  }
   (void)parse_partition_spec(config.get_string("data.partition"));
   if (config.get_int("data.seed") < 0) throw ConfigError("data.seed must be >= 0");
   if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
@@ -1389,7 +1399,7 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
   {
     std::ofstream out(dir / "server.toml");
     for (const auto& o : schema.options()) {
-      if (set_by_sim(o.key) || o.key == "server.shards") continue;
+      if (set_by_sim(o.key) || o.key == "server.shards" || !config.is_set(o.key)) continue;
       Value v;
       switch (o.type) {
         case ValueType::kBool:

@@ -103,6 +103,7 @@ class Shard {
     staleness_bound_ = static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.staleness")));
     workers_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
     max_staleness_ = config.get_int("server.max_staleness");
+    buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
     dp_clip_ = config.get_double("dp.clip");
     dp_noise_ = config.get_double("dp.noise_multiplier");
     dp_seed_ = static_cast<std::uint64_t>(config.get_int("dp.seed"));
@@ -212,8 +213,12 @@ class Shard {
     prepared_round_ = round;
     prepared_ = {};
     if (mode_ == "fedbuff") {
-      if (buffered_ == 0) {
-        prepared_.reason = "shard " + std::to_string(index_) + " holds no buffered update";
+      // K = buffer_size updates, on every shard: the coordinator counts its own shard's, and a
+      // client's push may still be on its way to this one. Not yet is not a failure: the
+      // coordinator puts the buffers back and asks again shortly.
+      if (buffered_ < buffer_k_) {
+        prepared_.reason = "shard " + std::to_string(index_) + " holds " + std::to_string(buffered_) +
+                           " of " + std::to_string(buffer_k_) + " updates";
         return prepared_;
       }
       prepared_sum_.swap(buffer_sum_);
@@ -863,7 +868,7 @@ class Shard {
   MetricsSink* metrics_ = nullptr;
   std::string mode_, consistency_;
   std::uint64_t staleness_bound_ = 0;
-  std::size_t workers_ = 1, buffered_ = 0;
+  std::size_t workers_ = 1, buffer_k_ = 10, buffered_ = 0;
   std::int64_t max_staleness_ = -1;
   std::map<NodeId, std::uint64_t> clocks_;
   std::deque<PendingPull> pending_pulls_;
@@ -1442,9 +1447,15 @@ class Coordinator {
       close_round(true);
       return;
     }
+    if (mode_ == "fedbuff") {
+      // Another shard's K-th update is still on its way: not a failure, ask again shortly.
+      COHORT_LOG(Debug) << "step " << closing_round_ << " not ready: " << prepare_failure_;
+      fb_retry_ = Clock::now() + 20ms;
+      close_round(false);
+      return;
+    }
     round_failed(prepare_failure_);
     if (finished_) return;
-    if (mode_ == "fedbuff") fb_retry_ = Clock::now() + 200ms;
     close_round(false);
   }
 

@@ -43,8 +43,12 @@ std::vector<nlohmann::json> run_compressed(const std::vector<std::string>& compr
 std::vector<float> one_round(const std::vector<std::string>& server_extra,
                              const std::vector<std::string>& client_extra) {
   std::vector<std::string> args{
-      "--server.rounds=1",     "--server.clients_per_round=3",        "--server.min_clients=3",
+      "--server.rounds=1",     "--server.min_clients=3",
       "--server.eval_every=0", "--model.spec=" + std::string(kModel), "--train.steps=20"};
+  // A cohort is a federated round's: FedBuff refuses it (its clients are server.concurrency).
+  if (std::find(server_extra.begin(), server_extra.end(), "--server.mode=fedbuff") == server_extra.end()) {
+    args.push_back("--server.clients_per_round=3");
+  }
   args.insert(args.end(), server_extra.begin(), server_extra.end());
   Federation f(2, 3, args);
   for (int i = 0; i < 3; ++i) f.client_extra[i] = client_extra;

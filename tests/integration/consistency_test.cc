@@ -87,14 +87,13 @@ TEST_CASE("SSP never lets a worker run more than s clocks ahead of the slowest")
 }
 
 TEST_CASE("FedBuff with zero staleness and K = cohort size takes exactly a FedAvg step") {
-  const std::vector<std::string> common{"--server.rounds=1", "--server.clients_per_round=3",
-                                        "--server.min_clients=3", "--server.eval_every=0",
-                                        "--train.epochs=1"};
+  const std::vector<std::string> common{"--server.rounds=1", "--server.min_clients=3",
+                                        "--server.eval_every=0", "--train.epochs=1"};
   auto args = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Federation avg(1, 3, args({"--server.mode=federated"}));
+  Federation avg(1, 3, args({"--server.mode=federated", "--server.clients_per_round=3"}));
   avg.start();
   REQUIRE(avg.wait(180s) == 0);
   Federation buf(1, 3, args({"--server.mode=fedbuff", "--server.buffer_size=3", "--server.concurrency=3",
