@@ -1,7 +1,9 @@
 // Test plug-ins for plugin_test.cc and server/plugin_test.cc, one MODULE library per variant
 // (COHORT_TEST_PLUGIN_VARIANT): a good one adding the rule "test_plugin_mean", one reporting a
 // wrong ABI, one without cohort_plugin_abi, one without cohort_register, one whose rule name
-// clashes with the built-in "median", and one that needs a symbol nobody defines.
+// clashes with the built-in "median", and one that needs a symbol nobody defines. The good one also
+// adds "test_plugin_refuses_odd", which refuses to aggregate a range of odd length: on a model
+// whose ranges differ in parity, one shard's rule refuses a round the other's accepts.
 #include <memory>
 #include <string_view>
 
@@ -29,6 +31,16 @@ class TestPluginMean : public cohort::aggregation::BufferedAggregator {
       out[j] = static_cast<float>(sum / static_cast<double>(updates.size()));
     }
     return true;
+  }
+};
+
+// The mean, except on a range of odd length, where it refuses every round.
+class TestPluginRefusesOdd : public TestPluginMean {
+ protected:
+  bool combine(std::span<const std::span<const float>> updates, std::span<const cohort::ClientId> clients,
+               std::span<const double> weights, std::span<float> out) override {
+    if (out.size() % 2 == 1) return false;
+    return TestPluginMean::combine(updates, clients, weights, out);
   }
 };
 
@@ -62,5 +74,12 @@ extern "C" void cohort_register(cohort::Registries& registries) {
     options.require_known(known);
     return std::make_unique<TestPluginMean>();
   });
+#if COHORT_TEST_PLUGIN_VARIANT == COHORT_TEST_PLUGIN_GOOD
+  registries.aggregators.add("test_plugin_refuses_odd", [](const cohort::ConfigSection& options) {
+    const std::string_view known[] = {"name"};
+    options.require_known(known);
+    return std::make_unique<TestPluginRefusesOdd>();
+  });
+#endif
 }
 #endif

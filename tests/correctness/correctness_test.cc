@@ -121,6 +121,29 @@ TEST_CASE("a round the rule cannot aggregate commits on no shard: it fails, logg
   }
 }
 
+TEST_CASE("a rule that refuses on one shard fails the round on both: no shard applies it") {
+  // mlp:784-15-10 has 11,935 parameters: shard 0 owns 5,968, shard 1 5,967, whose rule refuses.
+  Federation f(2, 2, {"--plugin", COHORT_TEST_PLUGIN_GOOD, "--aggregator.name=test_plugin_refuses_odd",
+                      "--model.spec=mlp:784-15-10", "--server.clients_per_round=2",
+                      "--server.min_clients=2", "--server.rounds=2", "--server.max_failed_rounds=2",
+                      "--train.steps=5"});
+  f.start();
+  const auto code = f.server(0).wait_for(std::chrono::seconds(120 * kSlow));
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);  // two failed rounds in a row: server.max_failed_rounds
+  CHECK(f.records("round").empty());
+  const auto failed = f.records("round_failed");
+  REQUIRE(failed.size() == 2);
+  CHECK(failed[0]["clients"] == 2);
+  CHECK(failed[0]["reason"].get<std::string>().find("shard 1") != std::string::npos);
+  // Shard 0's rule could aggregate, yet it did not apply: every shard is still at version 0.
+  for (int i = 0; i < 2; ++i) {
+    cohort::server::CheckpointStore store(f.checkpoint_dir(), "shard-" + std::to_string(i));
+    auto state = store.load_latest();
+    if (state) CHECK(state->version == 0);
+  }
+}
+
 TEST_CASE("shards pin the coordinator's name: a server with another node's certificate is refused") {
   Federation f(2, 4, {});
   // The impostor: a coordinator started with client-3's certificate (same CA), which it names as
