@@ -269,6 +269,8 @@ TEST_CASE("cohort-sim and cohort-decentralized-sim refuse unknown and inapplicab
   const std::vector<Case> cases = {
       {COHORT_SIM_BIN, {"--train.lrr=0.1", "--sim.clients=2"}, "unknown config key 'train.lrr'"},
       {COHORT_SIM_BIN, {"--processes", "--train.lrr=0.1", "--sim.clients=2"}, "train.lrr"},
+      {COHORT_SIM_BIN, {"--train.device=cuda:0", "--sim.clients=2"}, "train.device"},
+      {COHORT_SIM_BIN, {"--train.threads=4", "--sim.clients=2"}, "train.threads"},
       {COHORT_DSIM_BIN, {"--config", dir.file("extra.toml")}, "stesp"},
       {COHORT_DSIM_BIN, {"--algos", "dpsgd", "--compressor", "topk"}, "apply to choco only"},
       {COHORT_DSIM_BIN, {"--algos", "dpsgd", "--gamma", "0.2"}, "--gamma applies to none"},
