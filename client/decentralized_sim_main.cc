@@ -2,10 +2,10 @@
 // Comm), the same data split, steps and learning rate for every algorithm, and one JSON line per
 // algorithm with the test accuracy of the nodes' average model and of the nodes themselves.
 //
-//   cohort-decentralized-sim --nodes 16 --topology ring --partition dirichlet:0.1 \
+//   cohort-decentralized-sim --nodes 16 --topology ring --partition dirichlet:0.1
 //       --algos dpsgd,dsgdm,qg_dsgdm --steps 1500 --lr 0.05
 //   cohort-decentralized-sim --config examples/sim/decentralized_ring.toml
-//   cohort-decentralized-sim --nodes 4 --topology random_regular --topology-option degree=2 \
+//   cohort-decentralized-sim --nodes 4 --topology random_regular --topology-option degree=2
 //       --algos choco --compressor topk --compressor-option k_fraction=0.1
 #include <CLI/CLI.hpp>
 #include <algorithm>

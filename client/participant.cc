@@ -279,6 +279,10 @@ class Participant {
 
   void on_welcome(const transport::Welcome& w) {
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(w.heartbeat_ms, 100));
+    // A new coordinator epoch: the coordinator restarted and reopens its round from scratch on
+    // every shard, so a report of the old one must not count there (its update is gone).
+    if (coordinator_epoch_ != 0 && w.coordinator_epoch != coordinator_epoch_) last_report_.reset();
+    coordinator_epoch_ = w.coordinator_epoch;
     if (!net_ || w.model_spec != model_spec_) {
       model_spec_ = w.model_spec;
       spec_ = kernels::make_network_spec(w.model_spec);
@@ -610,6 +614,7 @@ class Participant {
   ThreadPool* pool_ = nullptr;
   std::optional<Endpoint> coordinator_;
   std::optional<transport::ClientReport> last_report_;
+  std::uint64_t coordinator_epoch_ = 0;  // of the coordinator that last welcomed this client
   std::uint64_t coordinator_handshakes_ = 0;
   std::uint64_t current_round_ = 0;  // of the last RoundStart, for a fatal report
   bool registered_ = false;

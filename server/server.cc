@@ -1978,7 +1978,13 @@ ConfigSchema config_schema() {
       .add("transport.receive_queue", std::int64_t{0},
            "chunks queued per client before TCP pushes back (0: 1 in plaintext; under TLS 2 while "
            "at most 8 clients are connected, then 1)")
-      .add_section("decentralized", "server.mode = decentralized: peers = 4, topology = ring, algorithm = dpsgd, steps, lr, batch, momentum, mu, gamma, compressor, weight_decay, partition, gossip_timeout_ms (sent to every peer)")
+      .add_section("decentralized", "server.mode = decentralized only, checked at start-up and sent to every peer: "
+                                    "peers = 4, topology = ring, topology_options.* (degree, seed, ...), "
+                                    "algorithm = dpsgd, steps, lr, batch, partition, gossip_timeout_ms, "
+                                    "staleness, the algorithm's own options (momentum, nesterov, mu, "
+                                    "gamma, weight_decay, overlap, seed), compressor and "
+                                    "compressor_options.* (choco only), allreduce = ring | "
+                                    "recursive_doubling | auto (ring_allreduce only)")
       .add_section("train", "client-side training options sent to clients and checked at start-up: "
                             "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "
                             "weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu, "

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "skip.h"
 #include "cohort/transport/security/keygen.h"
 #include "netns.h"
 #include "process.h"
@@ -32,7 +33,7 @@ constexpr int kVictim = 2;  // a peer's rank (and so its ring neighbours) is its
 
 bool skip_without_lab() {
   const std::string why = NetLab::unavailable();
-  if (!why.empty()) MESSAGE("SKIPPED: " << why);
+  if (!why.empty()) cohort::test::skip_test_case(why);
   return !why.empty();
 }
 

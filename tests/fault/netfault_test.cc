@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "skip.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/server/checkpoint.h"
 #include "cohort/transport/security/keygen.h"
@@ -48,7 +49,7 @@ std::vector<nlohmann::json> records(const std::string& file, const std::string& 
 
 bool skip_without_lab() {
   const std::string why = NetLab::unavailable();
-  if (!why.empty()) MESSAGE("SKIPPED: " << why);
+  if (!why.empty()) cohort::test::skip_test_case(why);
   return !why.empty();
 }
 
@@ -290,7 +291,7 @@ TEST_CASE("the shard's link cut for 10 s: clients retry with backoff and resume;
 
 TEST_CASE("a disk that fills while checkpointing: the shard goes on, the previous checkpoint stays loadable") {
   if (::geteuid() != 0) {
-    MESSAGE("SKIPPED: needs root (mounts a small tmpfs)");
+    cohort::test::skip_test_case("needs root (mounts a small tmpfs)");
     return;
   }
   TempDir dir;
@@ -301,7 +302,7 @@ TEST_CASE("a disk that fills while checkpointing: the shard goes on, the previou
   const std::uint64_t size = (params * 4 * 3 / 2 + 4095) / 4096 * 4096;
   const std::string opts = "size=" + std::to_string(size) + ",mode=0755";
   if (::mount("tmpfs", disk.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
-    MESSAGE("SKIPPED: cannot mount a tmpfs here: " << std::strerror(errno));
+    cohort::test::skip_test_case(std::string("cannot mount a tmpfs here: ") + std::strerror(errno));
     return;
   }
   struct Unmount {
