@@ -1305,8 +1305,12 @@ class Coordinator {
       return;
     }
     const std::size_t want = static_cast<std::size_t>(rounds_ - committed_) * buffer_k_;
+    // Starved: a step was not ready (another shard holds fewer updates than this one, which
+    // took fewer into the last step) and nothing is in flight to fill it: one more task.
+    const bool starved = fb_short_ && busy_.empty();
     for (auto it = clients_.begin(); it != clients_.end(); ++it) {
-      if (busy_.size() >= concurrency_ || local_.buffered() + busy_.size() >= want) break;
+      if (busy_.size() >= concurrency_) break;
+      if (starved ? !busy_.empty() : local_.buffered() + busy_.size() >= want) break;
       if (busy_.contains(it->first) || !it->second.reachable) continue;
       transport::RoundStart rs;
       rs.round = ++round_;
@@ -1451,6 +1455,7 @@ class Coordinator {
       // Another shard's K-th update is still on its way: not a failure, ask again shortly.
       COHORT_LOG(Debug) << "step " << closing_round_ << " not ready: " << prepare_failure_;
       fb_retry_ = Clock::now() + 20ms;
+      fb_short_ = true;
       close_round(false);
       return;
     }
@@ -1527,6 +1532,7 @@ class Coordinator {
     state_ = State::kIdle;
     if (!closing_commit_) return;
     failed_in_a_row_ = 0;
+    fb_short_ = false;
     ++committed_;
     const auto now = Clock::now();
     last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
@@ -1799,7 +1805,8 @@ class Coordinator {
   bool dp_started_ = false, fb_started_ = false;
   std::size_t buffer_k_ = 10, concurrency_ = 10;
   std::size_t step_updates_ = 0;  // FedBuff: updates in the step being closed (shard 0's count)
-  Clock::time_point fb_retry_;    // FedBuff: no new step before this after a failed one
+  Clock::time_point fb_retry_;    // FedBuff: no new step before this after one not ready
+  bool fb_short_ = false;         // FedBuff: a step was not ready since the last commit
   std::map<NodeId, Clock::time_point> busy_;
   std::deque<Report> fb_reports_;  // FedBuff: reports no step's line has taken yet
   Clock::time_point next_sweep_;  // of timed-out clients

@@ -119,12 +119,18 @@ struct Setup {
 std::pair<std::vector<pid_t>, std::string> start_servers(const Setup& s, const std::vector<std::string>& extra) {
   std::vector<pid_t> pids;
   std::filesystem::remove(s.dir + "/port");
-  std::vector<std::string> base{"--shards", std::to_string(s.shards), "--server.mode=dataparallel",
-                                "--server.consistency=asp", "--server.steps=1000000000",
+  std::vector<std::string> base{"--shards", std::to_string(s.shards),
                                 "--server.clients_per_round=" + std::to_string(s.clients),
                                 "--server.min_clients=1000000", "--model.spec=" + s.model,
                                 "--server.metrics_file=", "--server_optimizer.lr=0.0001",
                                 "--log-level", "warn", "--sched", s.sched};
+  // Data-parallel ASP unless `extra` picks another mode; the server refuses another mode's keys.
+  if (std::find_if(extra.begin(), extra.end(), [](const std::string& a) {
+        return a.starts_with("--server.mode=");
+      }) == extra.end()) {
+    base.insert(base.end(), {"--server.mode=dataparallel", "--server.consistency=asp",
+                             "--server.steps=1000000000"});
+  }
   base.insert(base.end(), extra.begin(), extra.end());
   auto args0 = base;
   args0.insert(args0.end(), {"--shard", "0", "--listen", "tcp://127.0.0.1:*", "--port-file", s.dir + "/port"});
