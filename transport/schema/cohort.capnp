@@ -117,7 +117,7 @@ struct RoundStart {
   deadlineMs @1 :UInt64;    # milliseconds from receipt until the round closes
   localEpochs @2 :UInt32;
   localSteps @3 :UInt32;    # if non-zero, overrides localEpochs
-  learningRate @4 :Float32;
+  learningRate @4 :Float32;   # unused (the lr travels in Welcome.trainingToml); kept for the wire
   modelVersion @5 :UInt64;  # pull at least this version
   evaluateOnly @6 :Bool;    # evaluate the current model, do not train
   mode @7 :TrainingMode;

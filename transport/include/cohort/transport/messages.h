@@ -73,7 +73,7 @@ struct RoundStart {
   std::uint64_t deadline_ms = 0;
   std::uint32_t local_epochs = 0;
   std::uint32_t local_steps = 0;
-  float learning_rate = 0;
+  float learning_rate = 0;  // unused: clients take lr from Welcome.training_toml; kept for the wire
   std::uint64_t model_version = 0;
   bool evaluate_only = false;
   TrainingMode mode = TrainingMode::kFederated;
