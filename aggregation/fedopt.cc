@@ -94,7 +94,8 @@ std::vector<std::pair<std::string, std::span<float>>> FedOpt::state() {
 
 void detail::add_fedopt_server_optimizers(ServerOptimizerRegistry& registry) {
   using V = FedOptOptions::Variant;
-  auto add = [&](const char* name, V variant, double lr, double beta1) {
+  auto add = [&](const char* name, V variant, double beta1) {
+    const double lr = *default_server_lr(name, ServerInput::kDelta);
     registry.add(name, [variant, lr, beta1](const ConfigSection& o) {
       const bool adam = variant == V::kAdam;
       // beta2 means nothing to fedadagrad, bias_correction exists for fedadam only.
@@ -113,9 +114,9 @@ void detail::add_fedopt_server_optimizers(ServerOptimizerRegistry& registry) {
       return std::make_unique<FedOpt>(opts);
     });
   };
-  add("fedadagrad", V::kAdagrad, 0.1, 0.0);
-  add("fedyogi", V::kYogi, 0.01, 0.9);
-  add("fedadam", V::kAdam, 0.1, 0.9);
+  add("fedadagrad", V::kAdagrad, 0.0);
+  add("fedyogi", V::kYogi, 0.9);
+  add("fedadam", V::kAdam, 0.9);
 }
 
 }  // namespace cohort::aggregation

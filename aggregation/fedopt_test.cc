@@ -51,42 +51,42 @@ TEST_CASE("fedadam and fedyogi first step moves each coordinate by lr * sign(del
 }
 
 TEST_CASE("fedadagrad, fedyogi, fedadam: two steps match hand-computed values (defaults)") {
-  SUBCASE("fedadagrad: lr 0.1, beta1 0, tau 1e-3") {
+  SUBCASE("fedadagrad: lr 0.02, beta1 0, tau 1e-3") {
     auto opt = make("fedadagrad");
     opt->reset(1);
     std::vector<float> x{0};
-    opt->apply_delta(x, std::vector<float>{2});  // v = 4: 0.1 * 2 / (2 + 1e-3)
-    CHECK(x[0] == doctest::Approx(0.0999500249875).epsilon(1e-6));
-    opt->apply_delta(x, std::vector<float>{-1});  // m = -1, v = 5: - 0.1 / (sqrt(5) + 1e-3)
-    CHECK(x[0] == doctest::Approx(0.0552486564972).epsilon(1e-6));
+    opt->apply_delta(x, std::vector<float>{2});  // v = 4: 0.02 * 2 / (2 + 1e-3)
+    CHECK(x[0] == doctest::Approx(0.0199900049975).epsilon(1e-6));
+    opt->apply_delta(x, std::vector<float>{-1});  // m = -1, v = 5: - 0.02 / (sqrt(5) + 1e-3)
+    CHECK(x[0] == doctest::Approx(0.0110497312994).epsilon(1e-6));
     CHECK(state_value(*opt, "v") == doctest::Approx(5.0));
   }
-  SUBCASE("fedyogi: lr 0.01; v drops by (1 - beta2) D^2 when v > D^2") {
+  SUBCASE("fedyogi: lr 0.03; v drops by (1 - beta2) D^2 when v > D^2") {
     auto opt = make("fedyogi");
     opt->reset(1);
     std::vector<float> x{0};
-    opt->apply_delta(x, std::vector<float>{2});  // m = 0.2, v = 0.04: 0.01 * 0.2 / (0.2 + 1e-3)
-    CHECK(x[0] == doctest::Approx(0.00995024875622).epsilon(1e-6));
+    opt->apply_delta(x, std::vector<float>{2});  // m = 0.2, v = 0.04: 0.03 * 0.2 / (0.2 + 1e-3)
+    CHECK(x[0] == doctest::Approx(0.0298507462687).epsilon(1e-6));
     CHECK(state_value(*opt, "v") == doctest::Approx(0.04).epsilon(1e-6));
     opt->apply_delta(x, std::vector<float>{0.1f});  // v = 0.04 - 0.01 * 0.01; m = 0.19
     CHECK(state_value(*opt, "v") == doctest::Approx(0.0399).epsilon(1e-6));
     CHECK(state_value(*opt, "m") == doctest::Approx(0.19).epsilon(1e-6));
-    CHECK(x[0] == doctest::Approx(0.0194147642266).epsilon(1e-6));
+    CHECK(x[0] == doctest::Approx(0.0582442926798).epsilon(1e-6));
   }
-  SUBCASE("fedadam: lr 0.1, without and with bias correction") {
+  SUBCASE("fedadam: lr 0.03, without and with bias correction") {
     auto opt = make("fedadam");
     opt->reset(1);
     std::vector<float> x{0};
-    opt->apply_delta(x, std::vector<float>{2});   // 0.1 * 0.2 / (0.2 + 1e-3)
+    opt->apply_delta(x, std::vector<float>{2});   // 0.03 * 0.2 / (0.2 + 1e-3)
     opt->apply_delta(x, std::vector<float>{-1});  // m = 0.08, v = 0.0496
-    CHECK(x[0] == doctest::Approx(0.135262978623).epsilon(1e-6));
+    CHECK(x[0] == doctest::Approx(0.0405788935869).epsilon(1e-6));
     CHECK(state_value(*opt, "step") == 2.0f);
     auto bc = make("fedadam", {{"bias_correction", true}});
     bc->reset(1);
     std::vector<float> y{0};
     bc->apply_delta(y, std::vector<float>{2});   // step factor sqrt(0.01) / 0.1 = 1
     bc->apply_delta(y, std::vector<float>{-1});  // step factor sqrt(1 - 0.99^2) / (1 - 0.9^2)
-    CHECK(y[0] == doctest::Approx(0.126053214188).epsilon(1e-6));
+    CHECK(y[0] == doctest::Approx(0.0378159642564).epsilon(1e-6));
   }
 }
 
@@ -175,4 +175,35 @@ TEST_CASE("a rule that is not elementwise refuses piecewise stepping with a clea
   CHECK_FALSE(w.elementwise());
   std::vector<float> x(4), g(4);
   CHECK_THROWS_WITH_AS(w.apply_gradient_range(0, x, g), doctest::Contains("elementwise"), cohort::Error);
+}
+
+TEST_CASE("default_server_lr: a rate for deltas and one for gradients per built-in name") {
+  static const auto reg = cohort::builtin_registries();
+  const std::string names = reg.server_optimizers.names();
+  CHECK(names == "fedadagrad, fedadam, fedavgm, fedyogi, sgd");  // a new built-in needs rates
+  for (const char* name : {"sgd", "fedavgm", "fedadagrad", "fedyogi", "fedadam"}) {
+    CAPTURE(name);
+    const auto delta = default_server_lr(name, ServerInput::kDelta);
+    const auto gradient = default_server_lr(name, ServerInput::kGradient);
+    REQUIRE(delta.has_value());
+    REQUIRE(gradient.has_value());
+    CHECK(*gradient < *delta);  // a gradient step is one batch's, a delta a round of local work
+    // The factory's default is the delta rate: its steps equal those with lr set to it.
+    auto implicit = make(name);
+    auto explicit_lr = make(name, {{"lr", *delta}});
+    implicit->reset(2);
+    explicit_lr->reset(2);
+    std::vector<float> xa{0.5f, -1}, xb{0.5f, -1};
+    for (const auto& d : {std::vector<float>{0.02f, -0.3f}, std::vector<float>{-0.01f, 0.1f}}) {
+      implicit->apply_delta(xa, d);
+      explicit_lr->apply_delta(xb, d);
+    }
+    CHECK(xa == xb);
+    CHECK(xa != std::vector<float>{0.5f, -1});
+  }
+  CHECK(*default_server_lr("sgd", ServerInput::kDelta) == 1.0);  // plain FedAvg
+  CHECK(*default_server_lr("fedadam", ServerInput::kDelta) == 0.03);
+  CHECK(*default_server_lr("fedadagrad", ServerInput::kDelta) == 0.02);
+  CHECK_FALSE(default_server_lr("my_plugin", ServerInput::kDelta).has_value());
+  CHECK_FALSE(default_server_lr("my_plugin", ServerInput::kGradient).has_value());
 }

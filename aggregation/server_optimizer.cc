@@ -77,18 +77,35 @@ void ServerOptimizer::apply_gradient_range(std::size_t, std::span<float>, std::s
   throw Error("this server optimizer cannot step piecewise (elementwise() is false)");
 }
 
+std::optional<double> default_server_lr(std::string_view optimizer, ServerInput input) {
+  struct Rates {
+    std::string_view name;
+    double delta, gradient;
+  };
+  // Measurements behind each number: server_optimizer.h.
+  static constexpr Rates kRates[] = {{"sgd", 1.0, 0.02},
+                                     {"fedavgm", 1.0, 0.002},
+                                     {"fedadagrad", 0.02, 0.01},
+                                     {"fedyogi", 0.03, 0.001},
+                                     {"fedadam", 0.03, 0.001}};
+  for (const auto& r : kRates) {
+    if (r.name == optimizer) return input == ServerInput::kDelta ? r.delta : r.gradient;
+  }
+  return std::nullopt;
+}
+
 void add_builtin_server_optimizers(ServerOptimizerRegistry& registry) {
   registry.add("sgd", [](const ConfigSection& o) {
     const std::string_view known[] = {"name", "lr"};
     o.require_known(known);
-    const double lr = o.get_double("lr", 1.0);
+    const double lr = o.get_double("lr", *default_server_lr("sgd", ServerInput::kDelta));
     if (!(lr > 0)) throw ConfigError("server_optimizer.lr must be positive");
     return std::make_unique<ServerSgd>(lr);
   });
   registry.add("fedavgm", [](const ConfigSection& o) {
     const std::string_view known[] = {"name", "lr", "beta"};
     o.require_known(known);
-    const double lr = o.get_double("lr", 1.0);
+    const double lr = o.get_double("lr", *default_server_lr("fedavgm", ServerInput::kDelta));
     const double beta = o.get_double("beta", 0.9);
     if (!(lr > 0) || beta < 0 || beta >= 1) {
       throw ConfigError("server_optimizer: fedavgm needs lr > 0 and 0 <= beta < 1");

@@ -13,9 +13,12 @@
 // beta1, beta2, tau, initial_v (v_{-1}; 0 as in Flower and TFF, the paper asks for >= tau^2) and,
 // for fedadam, bias_correction. Defaults: beta1 = 0.9 (fedadagrad: 0, the paper's experiments
 // used Keras Adagrad, which has no first moment), beta2 = 0.99, tau = 1e-3 (the paper's
-// recommendation), lr = 0.1 for fedadam and fedadagrad, 0.01 for fedyogi (Flower's).
-// Data-parallel mode (apply_gradient) feeds Delta = -gradient. State for checkpoints: "m", "v",
-// and "step" (one float: the number of steps taken, exact up to 2^24). Not thread-safe.
+// recommendation), lr = default_server_lr(name, ServerInput::kDelta): 0.03 for fedadam and
+// fedyogi, 0.02 for fedadagrad (server_optimizer.h: measured on the main job; 0.1, Flower's rate
+// for fedadam and fedadagrad, collapsed to chance accuracy when clients did little local work).
+// Data-parallel mode (apply_gradient) feeds Delta = -gradient, at a smaller rate that the server
+// sets (default_server_lr(name, ServerInput::kGradient)). State for checkpoints: "m", "v", and
+// "step" (one float: the number of steps taken, exact up to 2^24). Not thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +31,7 @@ namespace cohort::aggregation {
 struct FedOptOptions {
   enum class Variant { kAdagrad, kYogi, kAdam };
   Variant variant = Variant::kAdam;
-  double lr = 0.1;
+  double lr = 0.03;
   double beta1 = 0.9;
   double beta2 = 0.99;
   double tau = 1e-3;
