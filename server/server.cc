@@ -18,6 +18,7 @@
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
+#include "cohort/aggregation/server_optimizer.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
@@ -88,6 +89,17 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+// [server_optimizer] as the shard's optimizer reads it: in data-parallel mode it steps on
+// gradients, summed over the workers under BSP, so a built-in optimizer without server_optimizer.lr
+// takes its gradient rate (aggregation::default_server_lr), not the rate it applies deltas with.
+ConfigSection optimizer_options(const Config& config) {
+  const auto section = config.section("server_optimizer");
+  if (config.get_string("server.mode") != "dataparallel" || section.has("lr")) return section;
+  const auto lr = aggregation::default_server_lr(section.get_string("name", "sgd"),
+                                                 aggregation::ServerInput::kGradient);
+  return lr ? section.with("lr", *lr) : section;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The shard: owns [begin, end) of the flat parameter vector, serves pulls, folds pushes in.
 
@@ -120,8 +132,7 @@ class Shard {
     aggregator_name_ = config_.section("aggregator").get_string("name", "fedavg");
     aggregator_ = registries_.aggregators.create(aggregator_name_, config_.section("aggregator"));
     optimizer_ = registries_.server_optimizers.create(
-        config_.section("server_optimizer").get_string("name", "sgd"),
-        config_.section("server_optimizer"));
+        config_.section("server_optimizer").get_string("name", "sgd"), optimizer_options(config_));
     optimizer_->reset(size());
     if (store_) {
       std::vector<std::string> skipped;
@@ -1910,8 +1921,8 @@ void validate(const Config& config, const Registries& registries) {
   } catch (const ConfigError& e) {
     throw ConfigError(std::string("[train] (sent to every client): ") + e.what());
   }
-  const auto optimizer = config.section("server_optimizer");
-  (void)registries.server_optimizers.create(optimizer.get_string("name", "sgd"), optimizer);
+  (void)registries.server_optimizers.create(
+      config.section("server_optimizer").get_string("name", "sgd"), optimizer_options(config));
   const auto rule_options = config.section("aggregator");
   const std::string rule = rule_options.get_string("name", "fedavg");
   const auto aggregator = registries.aggregators.create(rule, rule_options);
@@ -2002,7 +2013,9 @@ ConfigSchema config_schema() {
                                      " or a plug-in's, and its options (f, beta, ...)")
       .add_section("server_optimizer", "how a shard applies each aggregate (data-parallel: each "
                                        "gradient): name = " + builtins.server_optimizers.names() +
-                                       ", and its options (lr, momentum, beta1, beta2, tau)")
+                                       ", and its options (lr, momentum, beta1, beta2, tau); without lr "
+                                       "each takes its own default, in data-parallel mode its "
+                                       "gradient rate")
       .add("dp.clip", 0.0,
            "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
            "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")

@@ -42,3 +42,25 @@ TEST_CASE("each server optimizer improves the model over 5 rounds at its default
     CHECK(last > first);  // and it improved on the first round
   }
 }
+
+TEST_CASE("each server optimizer trains data-parallel BSP workers at its default options") {
+  // Data-parallel shards step on the workers' summed gradients: a built-in optimizer without
+  // server_optimizer.lr takes its gradient rate (aggregation::default_server_lr). At the delta
+  // rate (sgd 1.0) the model stayed at chance.
+  for (const std::string name : {"sgd", "fedavgm", "fedadagrad", "fedyogi", "fedadam"}) {
+    CAPTURE(name);
+    Federation f(1, 2, {"--server.mode=dataparallel", "--server.consistency=bsp",
+                        "--server.steps=150", "--server.clients_per_round=2",
+                        "--server.min_clients=2", "--train.batch_size=32",
+                        "--server_optimizer.name=" + name});
+    f.start();
+    REQUIRE(f.wait(180s) == 0);
+    const auto rounds = f.records("round");
+    REQUIRE(rounds.size() == 1);
+    REQUIRE(rounds[0].contains("test_accuracy"));
+    const double a = rounds[0]["test_accuracy"];
+    MESSAGE(name << ": test accuracy after 150 BSP steps of 2 workers: " << a);
+    CHECK(std::isfinite(a));
+    CHECK(a > 0.5);  // chance is 0.1
+  }
+}

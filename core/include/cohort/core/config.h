@@ -73,6 +73,12 @@ class ConfigSection {
   // Throws ConfigError naming any key not in `known` (a plug-in's own unknown-key check).
   void require_known(std::span<const std::string_view> known) const;
   [[nodiscard]] const std::string& prefix() const { return prefix_; }
+  // A copy with `name` set to `value` (a default the edge fills in before a factory reads it).
+  [[nodiscard]] ConfigSection with(std::string name, Value value) const {
+    ConfigSection out = *this;
+    out.values_.insert_or_assign(std::move(name), std::move(value));
+    return out;
+  }
 
  private:
   std::string prefix_;
