@@ -1440,20 +1440,27 @@ class Coordinator {
     resend_prepare();
   }
 
-  void resend_prepare() {
+  // Sends `close` to every shard but 0 that has not answered it yet (`answered`); the retry
+  // comes 2 s later. True when every shard has answered.
+  bool send_round_close(bool ShardInfo::*answered, const transport::RoundClose& close) {
     close_retry_ = Clock::now() + 2s;
     bool all = true;
     for (std::size_t i = 1; i < shards_.size(); ++i) {
       auto& s = shards_[i];
-      if (s.prepared) continue;
+      if (s.*answered) continue;
       all = false;
       if (!s.up) continue;
       Envelope e;
-      e.round = closing_round_;
-      e.body = transport::RoundClose{closing_round_, true, static_cast<std::uint32_t>(closing_updates_), true};
+      e.round = close.round;
+      e.body = close;
       if (!ep_.send(s.peer, std::move(e))) s.up = false;
     }
-    if (all) prepared_everywhere();
+    return all;
+  }
+
+  void resend_prepare() {
+    const transport::RoundClose prepare{closing_round_, true, static_cast<std::uint32_t>(closing_updates_), true};
+    if (send_round_close(&ShardInfo::prepared, prepare)) prepared_everywhere();
   }
 
   void prepared_everywhere() {
@@ -1500,19 +1507,9 @@ class Coordinator {
   }
 
   void resend_close() {
-    close_retry_ = Clock::now() + 2s;
-    bool all = true;
-    for (std::size_t i = 1; i < shards_.size(); ++i) {
-      auto& s = shards_[i];
-      if (s.closed) continue;
-      all = false;
-      if (!s.up) continue;
-      Envelope e;
-      e.round = closing_round_;
-      e.body = transport::RoundClose{closing_round_, closing_commit_, static_cast<std::uint32_t>(completed_.size()), false};
-      if (!ep_.send(s.peer, std::move(e))) s.up = false;
-    }
-    if (all) round_closed();
+    const transport::RoundClose close{closing_round_, closing_commit_,
+                                      static_cast<std::uint32_t>(completed_.size()), false};
+    if (send_round_close(&ShardInfo::closed, close)) round_closed();
   }
 
   void on_shard_ack(const Message& m, const transport::PushAck& a) {
