@@ -22,6 +22,7 @@
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
+#include "fatal_report.h"
 #include "client_options.h"
 
 namespace cohort::client {
@@ -196,20 +197,7 @@ class Participant {
 
   void report_fatal(const std::string& why) {
     if (!coordinator_ || !registered_ || !coordinator_->is_ready()) return;
-    transport::ClientReport r;
-    r.round = current_round_;
-    r.fatal = true;
-    r.message = why;
-    Envelope e;
-    e.round = r.round;
-    e.body = std::move(r);
-    try {
-      coordinator_->send({}, std::move(e));
-      // The socket closes without lingering: give the I/O thread a moment to put it on the wire.
-      (void)coordinator_->receive(300ms);
-    } catch (const Error& err) {
-      COHORT_LOG(Warn) << name() << ": could not tell the coordinator: " << err.what();
-    }
+    send_fatal_report(*coordinator_, current_round_, why, name());
   }
 
   void load_data() {

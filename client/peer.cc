@@ -17,6 +17,7 @@
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/zmq_comm.h"
 #include "client_options.h"
+#include "fatal_report.h"
 #include "peer_learner.h"
 
 namespace cohort::client {
@@ -195,19 +196,7 @@ class Peer {
 
   void report_fatal(const std::string& why) {
     if (!coord_ || !coord_->is_ready()) return;
-    transport::ClientReport r;
-    r.round = learner_ ? last_step_ : 0;
-    r.fatal = true;
-    r.message = why;
-    Envelope e;
-    e.round = r.round;
-    e.body = std::move(r);
-    try {
-      (void)coord_->send({}, std::move(e));
-      (void)coord_->receive(300ms);  // the socket does not linger: let the report leave first
-    } catch (const Error& err) {
-      COHORT_LOG(Warn) << name_ << ": could not tell the coordinator: " << err.what();
-    }
+    send_fatal_report(*coord_, learner_ ? last_step_ : 0, why, name_);
   }
 
   void pump_coordinator(std::uint64_t t) {

@@ -18,8 +18,6 @@
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
-#include "cohort/aggregation/server_optimizer.h"
-#include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -30,6 +28,7 @@
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/kernels/primitives.h"
 
+#include "options.h"
 #include "rendezvous.h"
 
 namespace cohort::server {
@@ -87,17 +86,6 @@ std::string human_bytes(double b) {
   else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
   else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
   return buf;
-}
-
-// [server_optimizer] as the shard's optimizer reads it: in data-parallel mode it steps on
-// gradients, summed over the workers under BSP, so a built-in optimizer without server_optimizer.lr
-// takes its gradient rate (aggregation::default_server_lr), not the rate it applies deltas with.
-ConfigSection optimizer_options(const Config& config) {
-  const auto section = config.section("server_optimizer");
-  if (config.get_string("server.mode") != "dataparallel" || section.has("lr")) return section;
-  const auto lr = aggregation::default_server_lr(section.get_string("name", "sgd"),
-                                                 aggregation::ServerInput::kGradient);
-  return lr ? section.with("lr", *lr) : section;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1342,18 +1330,6 @@ class Coordinator {
     if (local_.buffered() >= buffer_k_ && now >= fb_retry_) prepare_close(committed_ + 1, 0);
   }
 
-  void reset_round_stats() {
-    completed_.clear();
-    selected_.clear();
-    reported_ = 0;
-    round_loss_ = 0;
-    round_samples_ = 0;
-    round_bytes_ = 0;
-    round_uplink_ = 0;
-    round_train_s_ = 0;
-    round_comm_s_ = 0;
-  }
-
   void on_report(const Message& m, const transport::ClientReport& r) {
     if (r.fatal) {
       // The client stops for good: say who and why now, not after deadlines run out.
@@ -1544,9 +1520,8 @@ class Coordinator {
     ++committed_;
     const auto now = Clock::now();
     last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
-    RoundRecord record = current_record();
+    RoundRecord record = mode_ == "fedbuff" ? RoundRecord{} : current_record();
     if (mode_ == "fedbuff") {
-      record = RoundRecord{};
       record.clients = step_updates_;  // the updates this step averaged (on shard 0)
       record.round_s = last_round_s_;
       round_started_ = now;
@@ -1831,199 +1806,7 @@ transport::EndpointOptions endpoint_options(const Config& c, const std::string& 
   return o;
 }
 
-// The modes that honour each mode-specific key; setting one in another mode is an error, never
-// silently ignored. Keys not listed apply to every mode.
-struct ModeKeys {
-  std::string_view key;  // a key, or a free section's prefix ending in '.'
-  std::initializer_list<std::string_view> modes;
-};
-constexpr std::string_view kFederated = "federated", kFedBuff = "fedbuff",
-                           kDataParallel = "dataparallel", kDecentralized = "decentralized";
-const ModeKeys kModeKeys[] = {
-    {"server.rounds", {kFederated, kFedBuff}},
-    {"server.clients_per_round", {kFederated, kDataParallel}},
-    {"server.overselect", {kFederated}},
-    {"server.selection", {kFederated}},
-    {"server.min_updates", {kFederated}},
-    {"server.max_failed_rounds", {kFederated, kFedBuff}},
-    {"server.consistency", {kDataParallel}},
-    {"server.staleness", {kDataParallel}},
-    {"server.steps", {kDataParallel}},
-    {"server.buffer_size", {kFedBuff}},
-    {"server.max_staleness", {kFedBuff}},
-    {"server.concurrency", {kFedBuff}},
-    {"server.eval_every", {kFederated, kFedBuff, kDataParallel}},
-    {"server.round_deadline_ms", {kFederated, kFedBuff, kDataParallel}},
-    {"server.min_clients", {kFederated, kFedBuff, kDataParallel}},
-    {"server.shards", {kFederated, kFedBuff, kDataParallel}},
-    {"server.checkpoint_dir", {kFederated, kFedBuff, kDataParallel}},
-    {"server.checkpoint_every", {kFederated, kFedBuff, kDataParallel}},
-    {"dp.clip", {kFederated}},
-    {"dp.noise_multiplier", {kFederated}},
-    {"dp.delta", {kFederated}},
-    {"dp.seed", {kFederated}},
-    {"aggregator.", {kFederated}},
-    {"server_optimizer.", {kFederated, kFedBuff, kDataParallel}},
-    {"train.", {kFederated, kFedBuff, kDataParallel}},
-    {"decentralized.", {kDecentralized}},
-};
-
-std::string join(std::initializer_list<std::string_view> items) {
-  std::string out;
-  for (auto item : items) out += (out.empty() ? "" : ", ") + std::string(item);
-  return out;
-}
-
-// The formula behind a built-in robust rule's minimum, for the error that names it.
-std::string minimum_formula(const std::string& rule) {
-  if (rule == "krum" || rule == "multi_krum") return "2f+3";
-  if (rule == "bulyan") return "4f+3";
-  return "";
-}
-
-// Checks every key and value that run() and the clients will read, before anything starts, so a
-// bad option fails at start-up with one line instead of after clients joined.
-void validate(const Config& config, const Registries& registries) {
-  const std::string mode = config.get_string("server.mode");
-  if (mode != kFederated && mode != kFedBuff && mode != kDataParallel && mode != kDecentralized) {
-    throw ConfigError("server.mode must be federated, fedbuff, dataparallel or decentralized, got '" +
-                      mode + "'");
-  }
-  for (const auto& [key, modes] : kModeKeys) {
-    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
-    const bool section = key.ends_with('.');
-    const std::string name(section ? key.substr(0, key.size() - 1) : key);
-    const bool set = section ? !config.section(name).names().empty() : config.is_set(name);
-    if (set) {
-      throw ConfigError(std::string(section ? "[" + name + "] options apply" : name + " applies") +
-                        " to server.mode = " + join(modes) + " only, not " + mode);
-    }
-  }
-  if (mode == kDecentralized) return;  // run_rendezvous() checks its own section
-  const std::string selection = config.get_string("server.selection");
-  if (selection != "uniform" && selection != "weighted") {
-    throw ConfigError("server.selection must be uniform or weighted, got '" + selection + "'");
-  }
-  // Clients read [train] after joining: check it here, where a mistake costs nothing.
-  const auto train = config.section("train");
-  for (const char* key : {"device", "threads"}) {
-    if (train.has(key)) {
-      throw ConfigError(std::string("train.") + key + " is not a server option: each client picks its " +
-                        (std::string(key) == "device" ? "device with cohort-client --device (client.device)"
-                                                      : "threads with client.threads"));
-    }
-  }
-  try {
-    (void)client::trainer_options_from(train);
-  } catch (const ConfigError& e) {
-    throw ConfigError(std::string("[train] (sent to every client): ") + e.what());
-  }
-  (void)registries.server_optimizers.create(
-      config.section("server_optimizer").get_string("name", "sgd"), optimizer_options(config));
-  const auto rule_options = config.section("aggregator");
-  const std::string rule = rule_options.get_string("name", "fedavg");
-  const auto aggregator = registries.aggregators.create(rule, rule_options);
-  if (mode != kFederated) return;
-  const auto cohort = static_cast<std::size_t>(std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
-  if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
-  const std::int64_t min_updates = config.get_int("server.min_updates");
-  if (min_updates > static_cast<std::int64_t>(cohort)) {
-    throw ConfigError("server.min_updates = " + std::to_string(min_updates) +
-                      " can never be reached: a round closes at server.clients_per_round = " +
-                      std::to_string(cohort) + " complete updates");
-  }
-  if (const std::size_t need = aggregator->min_updates(); need > cohort) {
-    const std::string formula = minimum_formula(rule);
-    throw ConfigError(
-        "aggregator '" + rule + "'" +
-        (rule_options.has("f") ? " with f = " + std::to_string(rule_options.get_int("f", 0)) : "") +
-        " needs at least " + (formula.empty() ? "" : formula + " = ") + std::to_string(need) +
-        " complete updates per round, but a round closes at server.clients_per_round = " +
-        std::to_string(cohort) + ": raise server.clients_per_round to " + std::to_string(need) +
-        (formula.empty() ? "" : " or lower aggregator.f"));
-  }
-}
-
 }  // namespace
-
-ConfigSchema config_schema() {
-  const Registries builtins = builtin_registries();
-  ConfigSchema s;
-  s.add("server.shard", std::int64_t{0}, "this shard's index (0 also coordinates)")
-      .add("server.shards", std::int64_t{1}, "number of shards")
-      .add("server.listen", std::string("tcp://127.0.0.1:7000"), "url to bind (tcp://HOST:* picks a port)")
-      .add("server.coordinator", std::string(""), "shards > 0: url of shard 0")
-      .add("server.advertise", std::string(""), "url clients use to reach this shard (default: the bound url)")
-      .add("server.name", std::string(""), "node id (default shard-<index>); must be the certificate CN")
-      .add("server.port_file", std::string(""), "write the bound port to this file")
-      .add("server.mode", std::string("federated"), "federated | fedbuff | dataparallel | decentralized (rendezvous only)")
-      .add("server.rounds", std::int64_t{20}, "federated rounds to run (fedbuff: server steps)")
-      .add("server.consistency", std::string("bsp"), "dataparallel: bsp | asp | ssp")
-      .add("server.staleness", std::int64_t{2}, "dataparallel ssp: how many clocks a worker may run ahead")
-      .add("server.steps", std::int64_t{100}, "dataparallel: steps each worker takes")
-      .add("server.buffer_size", std::int64_t{10}, "fedbuff: K, updates per server step")
-      .add("server.max_staleness", std::int64_t{-1}, "fedbuff: refuse updates staler than this (-1: no bound)")
-      .add("server.concurrency", std::int64_t{10}, "fedbuff: clients training at once")
-      .add("server.clients_per_round", std::int64_t{10}, "K: complete updates that close a round")
-      .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
-      .add("server.min_clients", std::int64_t{1}, "registered clients needed before a round starts")
-      .add("server.min_updates", std::int64_t{1}, "complete updates needed to commit a round at its deadline")
-      .add("server.max_failed_rounds", std::int64_t{10},
-           "rounds in a row without server.min_updates complete updates before the coordinator "
-           "stops with an error (0: retry for ever)")
-      .add("server.selection", std::string("uniform"), "federated: uniform | weighted (by data size)")
-      .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
-      .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")
-      .add("server.seed", std::int64_t{1}, "seed of client selection")
-      .add("server.heartbeat_ms", std::int64_t{2000}, "client heartbeat interval")
-      .add("server.client_timeout_ms", std::int64_t{60000}, "a silent client leaves the pool after this")
-      .add("server.checkpoint_dir", std::string(""), "write checkpoints here (empty: none)")
-      .add("server.checkpoint_every", std::int64_t{1}, "checkpoint every R committed rounds")
-      .add("server.metrics_file", std::string("metrics.jsonl"), "JSON-lines metrics (shard 0)")
-      .add("model.spec", std::string("mlp:784-256-128-10"), "model: mlp:W0-...-Wn, cnn:lenet5, cnn:2conv, cnn:cifar")
-      .add("model.seed", std::int64_t{1}, "seed of the initial model")
-      .add("tls.insecure", false, "plaintext transport (logged as a warning)")
-      .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
-      .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
-      .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
-      .add("tls.coordinator_name", std::string("shard-0"),
-           "the coordinator's certificate name (CN): shards > 0 refuse any other; shard 0's "
-           "server.name must equal it")
-      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
-      .add("transport.receive_queue", std::int64_t{0},
-           "chunks queued per client before TCP pushes back (0: 1 in plaintext; under TLS 2 while "
-           "at most 8 clients are connected, then 1)")
-      .add_section("decentralized", "server.mode = decentralized only, checked at start-up and sent to every peer: "
-                                    "peers = 4, topology = ring, topology_options.* (degree, seed, ...), "
-                                    "algorithm = dpsgd, steps, lr, batch, partition, gossip_timeout_ms, "
-                                    "staleness, the algorithm's own options (momentum, nesterov, mu, "
-                                    "gamma, weight_decay, overlap, seed), compressor and "
-                                    "compressor_options.* (choco only), allreduce = ring | "
-                                    "recursive_doubling | auto (ring_allreduce only)")
-      .add_section("train", "client-side training options sent to clients and checked at start-up: "
-                            "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "
-                            "weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu, "
-                            "reset_optimizer_state, eval_batch_size (each client picks its own "
-                            "device and threads: cohort-client --device, client.threads)")
-      .add_section("aggregator", "federated only: the aggregation rule, name = " +
-                                     builtins.aggregators.names() +
-                                     " or a plug-in's, and its options (f, beta, ...)")
-      .add_section("server_optimizer", "how a shard applies each aggregate (data-parallel: each "
-                                       "gradient): name = " + builtins.server_optimizers.names() +
-                                       ", and its options (lr, momentum, beta1, beta2, tau); without lr "
-                                       "each takes its own default, in data-parallel mode its "
-                                       "gradient rate")
-      .add("dp.clip", 0.0,
-           "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
-           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
-      .add("dp.noise_multiplier", 0.0,
-           "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
-           "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
-      .add("dp.delta", 1e-5, "client-level DP: the delta of the reported (epsilon, delta)")
-      .add("dp.seed", std::int64_t{0},
-           "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
-  return s;
-}
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
   transport::Context ctx;
