@@ -480,7 +480,17 @@ class Shard {
       }
       it = transfers_.emplace(key, std::move(t)).first;
     }
-    if (it == transfers_.end() || it->second.rejected) return;
+    if (it == transfers_.end()) {
+      // A chunk of a transfer this shard no longer holds: its round closed or was dropped while
+      // the update streamed in. The sender still waits for an answer: its last chunk gets one.
+      if (m.complete) {
+        reply_ack(ep, m, false, "round " + std::to_string(m.envelope.round) + " closed during the transfer");
+        COHORT_LOG(Info) << "shard " << index_ << ": " << m.sender << "'s update for round "
+                         << m.envelope.round << " arrived after its round closed: refused";
+      }
+      return;
+    }
+    if (it->second.rejected) return;
     Transfer& t = it->second;
     const auto bytes = m.payload.span();
     std::string why;

@@ -455,8 +455,10 @@ int main(int argc, char** argv) {
       const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
       Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients, sched};
       const std::string n = std::to_string(rss_clients);
+      // The round waits for every push: 50 clients' 40 MB through TLS took over the default
+      // 60 s deadline on a loaded 2-core CI machine, and a round closed early refuses the rest.
       auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=" + n,
-                                             "--server.min_clients=" + n});
+                                             "--server.min_clients=" + n, "--server.round_deadline_ms=600000"});
       std::this_thread::sleep_for(300ms);
       const auto base_kib = peak_rss_kib(pids[0]);
       const auto t0 = Clock::now();
