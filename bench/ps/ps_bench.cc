@@ -32,6 +32,7 @@
 #include <string_view>
 #include <thread>
 
+#include "cohort/client/shard_client.h"
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -47,7 +48,7 @@ namespace {
 using namespace cohort;
 using namespace cohort::transport;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
+using Steady = std::chrono::steady_clock;
 
 std::string self_path() {
   char buf[4096];
@@ -148,12 +149,12 @@ std::pair<std::vector<pid_t>, std::string> start_servers(const Setup& s, const s
 
 // ---- the worker role: one client process ---------------------------------------------------
 
+// One client process: the protocol comes from cohort/client/shard_client.h, as for cohort-client.
 struct Worker {
   Context ctx;
   ThreadPool pool{2};
   std::optional<Endpoint> coordinator;
-  std::vector<std::unique_ptr<Endpoint>> eps;
-  std::vector<ShardInfo> shards;
+  std::optional<client::ShardClient> links;
   std::string name;
 
   EndpointOptions options(const Setup& s, const std::string& peer) {
@@ -170,44 +171,28 @@ struct Worker {
 
   void join(const Setup& s, const std::string& url) {
     coordinator.emplace(Endpoint::connect(ctx, url, options(s, "")));
-    const auto deadline = Clock::now() + 60s;
-    while (Clock::now() < deadline) {
-      Envelope e;
-      e.body = Register{Role::kClient, 1, "cpu", "", 0, 0, ""};
-      coordinator->send({}, std::move(e));
-      const auto until = Clock::now() + 500ms;
-      while (Clock::now() < until) {
-        auto m = coordinator->receive(50ms);
-        if (!m) continue;
-        if (auto* w = std::get_if<Welcome>(&m->envelope.body)) {
-          shards = w->shards;
-          for (const auto& sh : shards) {
-            eps.push_back(sh.index == 0 ? nullptr
-                                        : std::make_unique<Endpoint>(Endpoint::connect(ctx, sh.url, options(s, sh.node_id))));
-          }
-          for (auto& ep : eps) if (ep) ep->wait_ready(20s);
-          return;
-        }
+    links.emplace(ctx, *coordinator, [this, &s](const std::string& node) { return options(s, node); });
+    const auto deadline = Steady::now() + 60s;
+    while (Steady::now() < deadline) {
+      const auto welcome = links->register_once(
+          Register{.role = Role::kClient, .dataset_size = 1, .device = "cpu"}, 500ms, {});
+      if (welcome) {
+        links->connect(welcome->shards);
+        links->wait_ready(20s);
+        return;
       }
     }
     throw TimeoutError("no welcome from the coordinator");
   }
-  Endpoint& ep(std::size_t i) { return eps[i] ? *eps[i] : *coordinator; }
+  const std::vector<ShardInfo>& shards() const { return links->shards(); }
 
-  // Sends to every shard, then waits up to `patience` for each answer.
-  template <typename Make, typename Done>
-  void round_trip(Make make, Done done, std::chrono::seconds patience = 60s) {
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      auto [e, payload] = make(i);
-      ep(i).send({}, std::move(e), payload);
-    }
-    for (std::size_t i = 0; i < shards.size(); ++i) {
-      const auto deadline = Clock::now() + patience;
-      for (;;) {
-        if (Clock::now() > deadline) throw TimeoutError("no answer from shard " + std::to_string(i));
-        auto m = ep(i).receive(100ms);
-        if (m && done(*m)) break;
-      }
+  // Sends to every shard once (no resends: a timed request), then waits up to `patience` for
+  // every answer.
+  void round_trip(const client::MakeRequest& make, const client::AcceptAnswer& done,
+                  std::chrono::seconds patience = 60s) {
+    client::ExchangeOptions o{.deadline = steady_clock().now() + patience, .who = name, .resend = false};
+    if (!client::exchange(*links, steady_clock(), make, done, o)) {
+      throw TimeoutError("no answer from every shard within " + std::to_string(patience.count()) + " s");
     }
   }
 };
@@ -218,12 +203,12 @@ struct Worker {
 void barrier(const Setup& s, int index, int workers, const std::string& phase) {
   const std::filesystem::path dir(s.dir);
   { std::ofstream(dir / (phase + "-" + std::to_string(index))); }
-  const auto deadline = Clock::now() + 120s;
+  const auto deadline = Steady::now() + 120s;
   for (;;) {
     int ready = 0;
     for (int c = 0; c < workers; ++c) ready += std::filesystem::exists(dir / (phase + "-" + std::to_string(c))) ? 1 : 0;
     if (ready == workers) return;
-    if (Clock::now() > deadline) {
+    if (Steady::now() > deadline) {
       throw TimeoutError("only " + std::to_string(ready) + " of " + std::to_string(workers) + " workers reached " + phase);
     }
     std::this_thread::sleep_for(1ms);
@@ -236,39 +221,35 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
   w.name = "client-" + std::to_string(s.clients);  // --clients carries this worker's index here
   w.join(s, url);
   std::uint64_t total = 0;
-  for (const auto& sh : w.shards) total = std::max(total, sh.end);
+  for (const auto& sh : w.shards()) total = std::max(total, sh.end);
   auto grad = std::make_shared<std::vector<float>>(total, 1e-6f);
   const auto bytes = std::as_bytes(std::span<const float>(*grad));
   std::uint64_t clock = 0;
   auto push = [&] {
     w.round_trip(
         [&](std::size_t i) {
-          const auto& sh = w.shards[i];
-          Envelope e;
-          e.round = 1;
-          e.body = Push{sh.index, sh.begin, sh.end, 1, clock, Encoding::kDenseF32, PushKind::kGradient, 0, clock, sh.end - sh.begin};
+          const auto& sh = w.shards()[i];
+          auto e = client::push_request(sh, client::PushFields{.round = 1,
+                                                               .num_samples = 1,
+                                                               .base_version = clock,
+                                                               .kind = PushKind::kGradient,
+                                                               .clock = clock});
           return std::pair{std::move(e), Payload{bytes.subspan(sh.begin * 4, (sh.end - sh.begin) * 4), grad}};
         },
-        [&](const Message& m) { return std::holds_alternative<PushAck>(m.envelope.body); });
+        [&](std::size_t, Message& m) { return std::holds_alternative<PushAck>(m.envelope.body); });
     ++clock;
   };
   auto pull = [&] {
     w.round_trip(
-        [&](std::size_t i) {
-          const auto& sh = w.shards[i];
-          Envelope e;
-          e.round = 1;
-          e.body = Pull{sh.index, sh.begin, sh.end, clock};
-          return std::pair{std::move(e), Payload{}};
-        },
-        [&](const Message& m) { return std::holds_alternative<PullReply>(m.envelope.body); });
+        [&](std::size_t i) { return std::pair{client::pull_request(w.shards()[i], 1, clock), Payload{}}; },
+        [&](std::size_t, Message& m) { return std::holds_alternative<PullReply>(m.envelope.body); });
   };
   nlohmann::json out;
   if (op == "rss") {  // one federated delta push, as a client selected for the first round
     // The shards take a round's pushes only from the clients selected for it: wait for the
     // RoundStart (the coordinator starts once every worker has registered).
     std::optional<RoundStart> rs;
-    for (const auto until = Clock::now() + 120s; !rs && Clock::now() < until;) {
+    for (const auto until = Steady::now() + 120s; !rs && Steady::now() < until;) {
       auto m = w.coordinator->receive(100ms);
       if (m) {
         if (auto* r = std::get_if<RoundStart>(&m->envelope.body)) rs = *r;
@@ -277,13 +258,12 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
     if (!rs) throw TimeoutError(w.name + ": no RoundStart within 120 s");
     w.round_trip(
         [&](std::size_t i) {
-          const auto& sh = w.shards[i];
-          Envelope e;
-          e.round = rs->round;
-          e.body = Push{sh.index, sh.begin, sh.end, 100, rs->model_version, Encoding::kDenseF32, PushKind::kDelta, 0, 0, sh.end - sh.begin};
+          const auto& sh = w.shards()[i];
+          auto e = client::push_request(
+              sh, client::PushFields{.round = rs->round, .num_samples = 100, .base_version = rs->model_version});
           return std::pair{std::move(e), Payload{bytes.subspan(sh.begin * 4, (sh.end - sh.begin) * 4), grad}};
         },
-        [&](const Message& m) {
+        [&](std::size_t, Message& m) {
           if (auto* a = std::get_if<PushAck>(&m.envelope.body)) {
             out["accepted"] = a->accepted;
             return true;
@@ -311,9 +291,9 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
     std::vector<double> secs;
     barrier(s, s.clients, workers, name);
     for (int r = 0; r < repeats; ++r) {
-      const auto t0 = Clock::now();
+      const auto t0 = Steady::now();
       run();
-      secs.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      secs.push_back(std::chrono::duration<double>(Steady::now() - t0).count());
     }
     std::sort(secs.begin(), secs.end());
     out[name + "_gbps"] = static_cast<double>(bytes.size()) / secs[secs.size() / 2] / 1e9;
@@ -461,9 +441,9 @@ int main(int argc, char** argv) {
                                              "--server.min_clients=" + n, "--server.round_deadline_ms=600000"});
       std::this_thread::sleep_for(300ms);
       const auto base_kib = peak_rss_kib(pids[0]);
-      const auto t0 = Clock::now();
+      const auto t0 = Steady::now();
       auto results = run_workers(s, coord, 1, "rss");
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double secs = std::chrono::duration<double>(Steady::now() - t0).count();
       const auto peak_kib = peak_rss_kib(pids[0]);
       int accepted = 0;
       for (auto& r : results) accepted += r.value("accepted", false) ? 1 : 0;
