@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/client/shard_client.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/transport/endpoint.h"
@@ -92,21 +93,22 @@ struct SimClient {
   std::optional<tp::Endpoint> ep;
   bool welcomed = false, done = false;
   std::uint64_t model_size = 0;
+  tp::ShardInfo shard;
   Clock::time_point next_register{}, next_heartbeat{};
   std::uint64_t round = 0, version = 0;
   std::vector<float> delta;
 
-  void step(Counts& counts) {
+  void step(Counts& /*counts*/) {
     const auto now = Clock::now();
     if (!welcomed && now >= next_register) {
       tp::Envelope e;
-      e.body = tp::Register{tp::Role::kClient, 300, "cpu", "", 0, 0, "load"};
+      e.body = tp::Register{.role = tp::Role::kClient, .dataset_size = 300, .device = "cpu", .partition = "load"};
       ep->send({}, e);
       next_register = now + 3s;
     }
     if (welcomed && now >= next_heartbeat) {
       tp::Envelope e;
-      e.body = tp::Heartbeat{0, 0};
+      e.body = tp::Heartbeat{.clock = 0, .load = 0};
       ep->send({}, e);
       next_heartbeat = now + 2s;
     }
@@ -116,21 +118,19 @@ struct SimClient {
     if (auto* w = std::get_if<tp::Welcome>(&m.envelope.body)) {
       welcomed = true;
       model_size = w->model_size;
+      if (w->shards.size() != 1) throw cohort::ConfigError("cohort-bench-load drives a single shard");
+      shard = w->shards[0];
       delta.assign(model_size, 1e-4f);
     } else if (auto* rs = std::get_if<tp::RoundStart>(&m.envelope.body)) {
       round = rs->round;
       version = rs->model_version;
-      tp::Envelope e;
-      e.round = round;
-      e.body = tp::Pull{0, 0, model_size, version};
-      ep->send({}, e);
+      ep->send({}, cohort::client::pull_request(shard, round, version));
     } else if (auto* pr = std::get_if<tp::PullReply>(&m.envelope.body)) {
       if (m.envelope.round != round || m.payload.size() != model_size * 4) return;
-      tp::Envelope e;
-      e.round = round;
-      e.body = tp::Push{0, 0, model_size, 300, pr->version, tp::Encoding::kDenseF32,
-                        tp::PushKind::kDelta, 0.5f, 0, model_size};
-      ep->send({}, e, tp::Payload{std::as_bytes(std::span(delta)), nullptr});
+      auto e = cohort::client::push_request(
+          shard, cohort::client::PushFields{.round = round, .num_samples = 300, .base_version = pr->version,
+                                            .train_loss = 0.5f});
+      ep->send({}, std::move(e), tp::Payload{std::as_bytes(std::span(delta)), nullptr});
       std::lock_guard lock(counts.mu);
       ++counts.pushes_sent[round];
     } else if (auto* a = std::get_if<tp::PushAck>(&m.envelope.body)) {
