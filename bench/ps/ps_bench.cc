@@ -271,7 +271,7 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
           return false;
         },
         // Every worker pushes its 40 MB at once and the shard interleaves their chunks, so the
-        // first ack comes near the end of all of them: minutes under ASan on CI's 2 cores.
+        // first ack comes near the end of all of them (minutes under ASan on 2 cores).
         300s);
     std::printf("%s\n", out.dump().c_str());
     return 0;
@@ -281,9 +281,8 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
     pull();
   }
   // Pushes, then pulls, each timed one by one in its own loop (ps-lite's PUSH_ONLY and PULL_ONLY).
-  // Alternating them (a training step's pattern) measured lower here: 16 MiB plaintext push
-  // 2.2-3.0 GB/s against 3.2-4.3 in its own loop, on 2 cores where each switch of direction wakes
-  // different threads.
+  // Alternating them (a training step's pattern) measured lower on 2 cores, where each switch of
+  // direction wakes different threads (docs/PERFORMANCE.md 1).
   // Each loop reports the median of its timings; --ops leaves one out (bench/tls_ceiling.sh times
   // one direction alone).
   auto timed = [&](const std::string& name, auto&& run) {
@@ -435,8 +434,8 @@ int main(int argc, char** argv) {
       const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
       Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients, sched};
       const std::string n = std::to_string(rss_clients);
-      // The round waits for every push: 50 clients' 40 MB through TLS took over the default
-      // 60 s deadline on a loaded 2-core CI machine, and a round closed early refuses the rest.
+      // The round waits for every push: 50 clients' 40 MB through TLS can outlast the default
+      // 60 s deadline on a loaded 2-core machine, and a round closed early refuses the rest.
       auto [pids, coord] = start_servers(s, {"--server.mode=federated", "--server.clients_per_round=" + n,
                                              "--server.min_clients=" + n, "--server.round_deadline_ms=600000"});
       std::this_thread::sleep_for(300ms);
@@ -474,7 +473,7 @@ int main(int argc, char** argv) {
         if (quick && (shards != 1 || clients != 1)) continue;
         for (std::size_t mib : sizes) {
           Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
-          // A 1 MiB push takes ~0.3 ms: 7 of them time the scheduler's mood more than the transport.
+          // A 1 MiB push is short: a handful of them time the scheduler more than the transport.
           const int n_ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / mib));
           auto [pids, coord] = start_servers(s, {});
           std::vector<nlohmann::json> results;

@@ -19,9 +19,8 @@ namespace cohort::kernels::cpu {
 namespace {
 
 // BLIS-style blocking (Goto & van de Geijn, 2008) with a 6x16 AVX2 micro-kernel: 12 ymm
-// accumulators, 2 B loads and 6 broadcasts per 12 FMAs. Measured on the 2-core EPYC (Zen 3)
-// build machines, best of many runs, MLP/conv shapes (64x784x256, 64x800x640): 67-87 GFLOP/s
-// against 49-61 for Eigen 3.4's GEMM; peak is ~90.
+// accumulators, 2 B loads and 6 broadcasts per 12 FMAs. It beats Eigen 3.4's GEMM on the MLP and
+// conv shapes we train (docs/PERFORMANCE.md 4; cohort_kernels_bench measures it).
 constexpr std::size_t kMr = 6;
 constexpr std::size_t kNr = 16;
 constexpr std::size_t kKc = 256;    // A micro-panel 6 KiB, B micro-panel 16 KiB: L1

@@ -32,7 +32,8 @@ using ConstVectorMap = Eigen::Map<const Eigen::VectorXf>;
 
 inline Eigen::Index ix(std::size_t v) { return static_cast<Eigen::Index>(v); }
 
-// Work below these sizes stays on one thread: a pool hand-off costs ~10-30 us on these VMs.
+// Work below these sizes stays on one thread: it is cheaper than a pool hand-off
+// (docs/PERFORMANCE.md 4).
 constexpr std::size_t kLinearRowGrain = 16;
 constexpr std::size_t kElementGrain = 1 << 16;
 
@@ -253,7 +254,7 @@ using micro::Tile;
 constexpr std::size_t kPanel = 16;
 // k block of the forward pass: 256 x 16 floats of each packed-input panel stay in L1.
 constexpr std::size_t kLinearKc = 256;
-// Multiply-adds below which a linear pass stays on one thread (a hand-off costs ~10-30 us).
+// Multiply-adds below which a linear pass stays on one thread (cheaper than a pool hand-off).
 constexpr std::size_t kLinearParallelWork = std::size_t{1} << 21;
 
 // dst[p][k][l] = src[(16 p + l) * ld + k] (zero for rows >= rows): the columns of src^T as
@@ -449,7 +450,7 @@ void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy
     std::fill(partial_w, partial_w + C * K, 0.0f);
     VectorMap grad_b(partial_b, ix(C));
     // A thin patch (conv1: K = 25 < C = 32) wastes a third of the 16-wide GEMM panels as the N
-    // side; computing dw^T [K][C] instead measured 43 against 33 GFLOP/s.
+    // side; computing dw^T [K][C] instead is faster (docs/PERFORMANCE.md 4).
     const bool transpose_dw = K < C;
     float* weight_t = transpose_dw ? exec.workspace->floats(part, 4, K * C) : nullptr;
     grad_b.setZero();

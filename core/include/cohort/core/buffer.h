@@ -2,8 +2,9 @@
 //
 // Every model lives in one contiguous float buffer (FloatBuffer); layers and shards hold spans into
 // it. Bulk bytes that cross the network (chunks, reassembly buffers, accumulators) come from a
-// BufferPool and go back to it: on these machines the first touch of a fresh page costs ~16 us, so
-// a 64 MiB message allocated per transfer runs 100x slower than one written into warm memory.
+// BufferPool and go back to it: the first touch of a fresh page is a page fault, so a large message
+// allocated per transfer runs far slower than one written into warm memory (figures in
+// docs/PERFORMANCE.md 3.1).
 #pragma once
 
 #include <cstddef>

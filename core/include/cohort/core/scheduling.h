@@ -5,9 +5,8 @@
 // preempts the thread running on that core, most often the one sealing, opening or applying
 // chunks, and evicts its cache. Under SCHED_BATCH a woken I/O thread takes an idle core at once,
 // or waits for the running thread's slice (milliseconds; heartbeats and deadlines are in seconds).
-// bench/ps on 2 cores, 1 shard + 1 client, medians of 12 runs: TLS pushes of 16 and 64 MiB ran at
-// 4.45 and 4.55 GB/s with default-policy I/O threads, 5.18 and 5.36 with SCHED_BATCH ones (making
-// every thread SCHED_BATCH gained no more). Compute threads keep the default.
+// bench/ps measures the gain (docs/PERFORMANCE.md 3.5); making every thread SCHED_BATCH gained no
+// more, so compute threads keep the default.
 #pragma once
 
 #include <string>
