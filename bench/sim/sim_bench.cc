@@ -32,7 +32,7 @@
 #include "cohort/core/config.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 namespace {
 

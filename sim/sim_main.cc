@@ -24,7 +24,7 @@
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 namespace {
 std::atomic<bool> g_stop{false};

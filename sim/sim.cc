@@ -42,7 +42,7 @@
 // addition is not associative, so the fleet pushes the completed updates strictly in client-id
 // order (a reorder window behind the training threads) and sends reports in that order too. The
 // metrics files then differ between runs only in fields named wall_*.
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
