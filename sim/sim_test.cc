@@ -17,7 +17,7 @@
 #include "process.h"
 #include "sim_clock.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
 namespace {
 
 using nlohmann::json;
@@ -259,4 +259,4 @@ TEST_CASE("--processes runs the same configuration as cohort-server and cohort-c
 }
 
 }  // namespace
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

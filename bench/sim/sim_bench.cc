@@ -37,7 +37,7 @@
 namespace {
 
 namespace fs = std::filesystem;
-namespace sim = cohort::client::sim;
+namespace sim = cohort::sim;
 
 struct Run {
   std::string name;
