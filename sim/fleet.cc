@@ -21,10 +21,10 @@
 // and each training thread owns one network and trainer, so memory grows with the threads and
 // the selected cohort, not with the registered clients.
 //
-// The protocol is the participant's (client/participant.cc): Register -> Welcome, and per RoundStart:
-// Pull from every shard (once per model version, for all the clients that start from it), local
-// training, Push of the delta to every shard, PushAck, ClientReport; evaluate_only rounds pull
-// (or share) the model and evaluate on the test set.
+// The protocol is the participant's (client/participant.cc): Register -> Welcome, and per
+// RoundStart: Pull from every shard (once per model version, for all the clients that start from
+// it), local training, Push of the delta to every shard, PushAck, ClientReport; evaluate_only
+// rounds pull (or share) the model and evaluate on the test set.
 //
 // Virtual clock (sim_clock.h): when a round's RoundStarts are in, the fleet knows the selected
 // cohort; from each client's profile, the bytes of its pulls and pushes and its training work it
@@ -42,9 +42,8 @@
 // decided on the simulated clock, never by thread timing. FedAvg sums in double, and double
 // addition is not associative, so the fleet pushes the completed updates strictly in client-id
 // order (a reorder window behind the training threads) and sends reports in that order too. The
+// metrics files then differ between runs only in fields named wall_*.
 #include "fleet.h"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>

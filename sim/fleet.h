@@ -68,7 +68,8 @@ class Fleet {
     std::shared_ptr<const FloatBuffer> model;  // the round's pulled model, shared
     std::shared_ptr<FloatBuffer> delta;        // the trained update, sent zero-copy
     std::uint64_t start_seq = 0;
-    std::size_t pulls_pending = 0, acks_pending = 0;  // pulls_pending: 1 while it waits for the model
+    // pulls_pending: 1 while it waits for the model; acks_pending: shards yet to ack its push.
+    std::size_t pulls_pending = 0, acks_pending = 0;
     bool pulled = false, trained = false, pushed = false, done = false;
     std::vector<std::string> refusals;
     client::TrainResult result;
@@ -93,7 +94,7 @@ class Fleet {
     std::uint64_t round = 0;      // the round its pulls were sent in
     std::uint64_t seq = 0;        // order of requests: a shard answers one client in order
     std::shared_ptr<FloatBuffer> params;
-    std::vector<bool> got;        // per shard: its pull reply arrived
+    std::vector<bool> got;  // per shard: its pull reply arrived
     std::size_t pending = 0;
     std::vector<Job*> waiting;
   };
@@ -122,7 +123,7 @@ class Fleet {
   void send(std::size_t shard, std::uint32_t client, transport::Envelope e,
             transport::Payload payload = {});
 
-  // ---- registration (fleet.cc) ----------------------------------------------------------------
+  // ---- registration (fleet.cc) ------------------------------------------------------------------
 
   void drive_registration();
   [[nodiscard]] bool all_registered() const { return welcomes_ >= n_; }
@@ -130,7 +131,7 @@ class Fleet {
   void on_welcome(std::uint32_t c, const transport::Welcome& w);
   void setup_model(const transport::Welcome& w);
 
-  // ---- message dispatch and pulls (fleet.cc) --------------------------------------------------
+  // ---- message dispatch and pulls (fleet.cc) ----------------------------------------------------
 
   void dispatch(transport::Message& m);
   void on_round_start(std::uint32_t c, const transport::RoundStart& rs);
@@ -146,7 +147,7 @@ class Fleet {
   void request_model(Job& job);
   void on_push_ack(std::uint32_t c, const transport::PushAck& a, const transport::Message& m);
 
-  // ---- rounds (fleet_rounds.cc) ------------------------------------------------------------------
+  // ---- rounds (fleet_rounds.cc) -----------------------------------------------------------------
 
   void plan(Collecting col);
   // Starts jobs within the window, pushes trained updates in client-id order, closes the round.
@@ -163,7 +164,7 @@ class Fleet {
   void collect_results();
   void push(Job& job);
 
-  // ---- reports to the coordinator, records (fleet_rounds.cc) -------------------------------------
+  // ---- reports to the coordinator, records (fleet_rounds.cc) ------------------------------------
 
   transport::ClientReport base_report(const Job& job) const;
   // Reports reach the coordinator in a fixed order: a round's reports wait for the evaluation

@@ -354,9 +354,9 @@ void Fleet::on_evaluated(Job& job) {
   summary_.eval_cpu_seconds += job.train_cpu_s;
   summary_.final_accuracy = job.eval.accuracy;
   summary_.final_loss = job.eval.loss;
-  evals_.erase(std::remove_if(evals_.begin(), evals_.end(),
-                              [&](const auto& j) { return j.get() == &job; }),
-               evals_.end());
+  evals_.erase(
+      std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
+      evals_.end());
   release_reports();
   flush_records(false);
 }
@@ -366,8 +366,8 @@ void Fleet::flush_records(bool all) {
     auto it = records_.begin();
     RoundRecord& rec = it->second;
     const auto ev = evaluated_.find(it->first);
-    const bool eval_pending = std::any_of(
-        evals_.begin(), evals_.end(), [&](const auto& j) { return j->rs.round == it->first; });
+    const bool eval_pending = std::any_of(evals_.begin(), evals_.end(),
+                                          [&](const auto& j) { return j->rs.round == it->first; });
     const bool later_started = active_ || !collecting_.empty();
     if (ev == evaluated_.end() && !all && (eval_pending || !later_started)) return;
     if (ev != evaluated_.end()) {

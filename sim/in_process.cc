@@ -128,5 +128,4 @@ Summary run_in_process(const Config& config, const Registries& registries,
   return summary;
 }
 
-
 }  // namespace cohort::sim

@@ -61,11 +61,11 @@ ConfigSchema sim_config_schema() {
   }
   s.add_section("train",
                 "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
-      .add_section("aggregator", "aggregation rule: name = " + builtin_registries().aggregators.names() +
-                                     ", and its options")
-      .add_section("server_optimizer", "server optimizer: name = " +
-                                           builtin_registries().server_optimizers.names() +
-                                           ", and its options (lr: each one's own default)")
+      .add_section("aggregator", "aggregation rule: name = " +
+                                     builtin_registries().aggregators.names() + ", and its options")
+      .add_section("server_optimizer",
+                   "server optimizer: name = " + builtin_registries().server_optimizers.names() +
+                       ", and its options (lr: each one's own default)")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
       .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
       .add("data.seed", std::int64_t{1}, "seed of the partition and of local shuffles")

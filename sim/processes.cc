@@ -101,8 +101,7 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
       char* end = nullptr;
       d = std::strtod(text.c_str(), &end);
       (void)d;
-      const bool bare =
-          (!text.empty() && end && *end == '\0') || text == "true" || text == "false";
+      const bool bare = (!text.empty() && end && *end == '\0') || text == "true" || text == "false";
       out << section << '.' << name << " = " << (bare ? text : toml_value(text)) << '\n';
     }
   }

@@ -41,7 +41,7 @@ struct RoundRecord {
 
 // What the progress line shows, filled in by the fleet.
 struct ProgressView {
-  bool registering = false;      // still registering: only the two counts below and wall_s
+  bool registering = false;  // still registering: only the two counts below and wall_s
   std::size_t registered = 0, clients = 0;
   std::uint64_t round = 0, rounds = 0;  // current (or last written) round, server.rounds
   std::size_t reported = 0, selected = 0;
