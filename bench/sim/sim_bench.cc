@@ -32,12 +32,12 @@
 #include "cohort/core/config.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-namespace sim = cohort::client::sim;
+namespace sim = cohort::sim;
 
 struct Run {
   std::string name;

@@ -6,7 +6,7 @@
 
 #include "cohort/core/error.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
 namespace {
 
 TEST_CASE("client_time is latency plus bytes over bandwidth plus work over speed") {
@@ -130,4 +130,4 @@ TEST_CASE("a CSV device trace gives each client a row, with errors naming the li
 }
 
 }  // namespace
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

@@ -31,7 +31,7 @@
 
 #include "cohort/client/random.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
 
 inline constexpr double kSecondsPerDay = 86400.0;
 
@@ -54,7 +54,7 @@ struct Distribution {
   Kind kind = Kind::kConst;
   double a = 0.0;
   double b = 0.0;
-  [[nodiscard]] double sample(Rng& rng) const;
+  [[nodiscard]] double sample(client::Rng& rng) const;
 };
 
 // Throws ConfigError naming `key` and the valid forms; values must be positive.
@@ -139,4 +139,4 @@ struct RoundPlan {
 // go to the earlier entry. REQUIRES: k >= 1, deadline_s > 0.
 RoundPlan plan_round(std::span<const Selected> selected, std::size_t k, double deadline_s);
 
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

@@ -9,7 +9,10 @@
 
 #include "cohort/core/error.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
+
+using client::Rng;
+
 namespace {
 
 std::vector<std::string> split(std::string_view text, char sep) {
@@ -264,4 +267,4 @@ RoundPlan plan_round(std::span<const Selected> selected, std::size_t k, double d
   return plan;
 }
 
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

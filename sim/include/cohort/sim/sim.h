@@ -1,4 +1,4 @@
-// cohort-sim: a whole federation in one process (see sim.cc for the design), or, with
+// cohort-sim: a whole federation in one process (see fleet.cc for the design), or, with
 // --processes, the same configuration as real cohort-server / cohort-client processes.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
 
 // Every key of a simulation file: cohort-server's keys (server.*, model.*, [train], [aggregator],
 // [server_optimizer], ...), the clients' data.*, the fleet's sim.* and the device profile.*.
@@ -50,4 +50,4 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
 // gnuplot. Throws ConfigError if gnuplot is not installed, DataError if it fails.
 void plot(const std::filesystem::path& csv, const std::filesystem::path& png);
 
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

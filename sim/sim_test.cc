@@ -1,5 +1,5 @@
 // Whole simulations in this process: the real server shards on threads, the fleet, the clock.
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 #include <doctest/doctest.h>
 
@@ -14,15 +14,15 @@
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
+#include "process.h"
 #include "sim_clock.h"
-#include "test_util.h"
 
-namespace cohort::client::sim {
+namespace cohort::sim {
 namespace {
 
 using nlohmann::json;
 
-Config make_config(const testing::TempDir& dir, std::vector<std::string> overrides) {
+Config make_config(const test::TempDir& dir, std::vector<std::string> overrides) {
   std::vector<std::string> base{
       "sim.progress=false",
       "sim.metrics_file=" + (dir.path() / "sim.jsonl").string(),
@@ -116,7 +116,7 @@ TEST_CASE("a multiplexed inproc DEALER speaks for many nodes and the ROUTER answ
 }
 
 TEST_CASE("1,000 virtual clients with a small model complete their rounds") {
-  testing::TempDir dir;
+  test::TempDir dir;
   const Config config = make_config(dir, {"sim.clients=1000", "server.clients_per_round=20",
                                           "server.rounds=3", "train.batch_size=8", "train.lr=0.1"});
   const Summary s = run(config);
@@ -144,7 +144,7 @@ TEST_CASE("training that diverges stops after server.max_failed_rounds with a cl
   // A learning rate of 1e30 makes every update non-finite; every shard refuses them, so no round
   // can commit. The coordinator gives up after 3 rounds in a row instead of retrying for ever,
   // and says why.
-  testing::TempDir dir;
+  test::TempDir dir;
   const Config config =
       make_config(dir, {"sim.clients=20", "server.clients_per_round=5", "server.rounds=5",
                         "server.min_updates=5", "server.max_failed_rounds=3", "train.lr=1e30",
@@ -161,7 +161,7 @@ TEST_CASE("training that diverges stops after server.max_failed_rounds with a cl
 }
 
 TEST_CASE("with a fixed profile the simulated round time is the closed form") {
-  testing::TempDir dir;
+  test::TempDir dir;
   const Config config = make_config(
       dir, {"sim.clients=20", "server.clients_per_round=5", "server.rounds=2", "server.shards=2",
             "profile.gflops=2", "profile.uplink_mbps=4", "profile.downlink_mbps=8",
@@ -197,7 +197,7 @@ TEST_CASE("the same config and seed give the same metrics, wall-clock fields asi
                                            "profile.uplink_mbps=lognormal:5:1",
                                            "profile.latency_ms=uniform:10:200",
                                            "sim.seed=11"};
-  testing::TempDir a, b;
+  test::TempDir a, b;
   const Summary sa = run(make_config(a, overrides));
   const Summary sb = run(make_config(b, overrides));
   CHECK(sa.committed == 3);
@@ -216,7 +216,7 @@ TEST_CASE("the same config and seed give the same metrics, wall-clock fields asi
 TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
   // A dropped-out client never answers; the real coordinator closes the round at its deadline
   // (sim.wall_deadline_ms) with the updates that did arrive, and commits them.
-  testing::TempDir dir;
+  test::TempDir dir;
   const Config config =
       make_config(dir, {"sim.clients=30", "server.clients_per_round=10", "server.rounds=2",
                         "profile.dropout=0.3", "sim.wall_deadline_ms=3000",
@@ -246,7 +246,7 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
 }
 
 TEST_CASE("--processes runs the same configuration as cohort-server and cohort-client processes") {
-  testing::TempDir dir;
+  test::TempDir dir;
   const Config config =
       make_config(dir, {"sim.clients=3", "server.clients_per_round=2", "server.rounds=2",
                         "server.shards=2", "sim.log_dir=" + (dir.path() / "logs").string()});
@@ -259,4 +259,4 @@ TEST_CASE("--processes runs the same configuration as cohort-server and cohort-c
 }
 
 }  // namespace
-}  // namespace cohort::client::sim
+}  // namespace cohort::sim

@@ -1,6 +1,6 @@
 // cohort-sim: simulates a federation of N virtual clients and its server shards in one process.
 //
-// How it works (details in sim.cc):
+// How it works (details in fleet.cc):
 //   - the shards are the real server (cohort::server::run on threads, inproc:// urls, one ZeroMQ
 //     context), so rounds, selection, deadlines and FedAvg are exactly cohort-server's;
 //   - the N clients are a fleet: one multiplexed socket per shard speaks for all of them (each
@@ -24,7 +24,7 @@
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
-#include "sim.h"
+#include "cohort/sim/sim.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -40,7 +40,7 @@ std::filesystem::path own_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const cohort::ConfigSchema schema = cohort::client::sim::sim_config_schema();
+  const cohort::ConfigSchema schema = cohort::sim::sim_config_schema();
   CLI::App app{
       "cohort-sim: simulates a federation in one process: the real server shards on\n"
       "threads and sim.clients virtual clients behind multiplexed inproc:// sockets,\n"
@@ -75,9 +75,9 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
-    if (processes) return cohort::client::sim::run_processes(config, own_dir(), g_stop);
+    if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop);
     const auto registries = cohort::builtin_registries();
-    const auto s = cohort::client::sim::run_in_process(config, registries, g_stop);
+    const auto s = cohort::sim::run_in_process(config, registries, g_stop);
     std::printf(
         "cohort-sim: %llu rounds (%llu committed), simulated %.1f s (%.2f h), wall %.1f s, "
         "final accuracy %s, %.2f GB moved\n",
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
           100.0 * std::max(0.0, 1.0 - compute / s.round_wall_seconds));
     }
     if (!plot.empty()) {
-      cohort::client::sim::plot(config.get_string("sim.csv_file"), plot);
+      cohort::sim::plot(config.get_string("sim.csv_file"), plot);
       std::printf("cohort-sim: wrote %s\n", plot.c_str());
     }
     return g_stop.load() ? 130 : 0;

@@ -1,0 +1,242 @@
+// cohort-sim's fleet: N virtual clients behind one multiplexed DEALER per shard, their local
+// training on a thread pool, and the virtual clock that decides who completes each round (the
+// design is at the top of fleet.cc). Private to sim/.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cohort/client/dataset.h"
+#include "cohort/client/partition.h"
+#include "cohort/client/trainer.h"
+#include "cohort/core/buffer.h"
+#include "cohort/core/config.h"
+#include "cohort/core/thread_pool.h"
+#include "cohort/kernels/device.h"
+#include "cohort/kernels/network.h"
+#include "cohort/sim/sim.h"
+#include "cohort/transport/endpoint.h"
+#include "report.h"
+#include "sim_clock.h"
+
+namespace cohort::sim {
+
+// A training thread's network and trainer; the fleet keeps one per thread.
+struct Slot {
+  std::unique_ptr<kernels::Network> net;
+  std::optional<client::LocalTrainer> trainer;
+};
+
+// Speaks for sim.clients virtual clients to the shards at `urls` until the coordinator says
+// goodbye, server.rounds rounds are committed, or `stop` is set. Not thread-safe: one thread
+// calls run() and then drain_until(); the training threads touch only their own job, the slots
+// (slots_mu_) and the results (results_mu_).
+class Fleet {
+ public:
+  // `shards_failed` says whether a shard's thread ended with an error (run() then throws).
+  Fleet(const Config& config, transport::Context& ctx, const std::vector<std::string>& urls,
+        const std::atomic<bool>& stop, const std::function<bool()>& shards_failed);
+
+  // Registers every client, then runs rounds; returns the run's totals. Throws what a training
+  // job threw, ProtocolError for a malformed reply, InternalError if a shard failed.
+  Summary run();
+
+  // After training: keep reading (the coordinator says goodbye to every client) until the shards
+  // have returned, so no shard blocks on a full queue.
+  void drain_until(const std::function<bool()>& done);
+
+ private:
+  struct Job {
+    enum class Kind { kTrain, kPullOnly, kEvaluate };
+    Kind kind = Kind::kTrain;
+    std::uint32_t client = 0;
+    transport::RoundStart rs;
+    Fate fate = Fate::kCompletes;
+    ClientTime time;
+    std::shared_ptr<const FloatBuffer> model;  // the round's pulled model, shared
+    std::shared_ptr<FloatBuffer> delta;        // the trained update, sent zero-copy
+    std::uint64_t start_seq = 0;
+    // pulls_pending: 1 while it waits for the model; acks_pending: shards yet to ack its push.
+    std::size_t pulls_pending = 0, acks_pending = 0;
+    bool pulled = false, trained = false, pushed = false, done = false;
+    std::vector<std::string> refusals;
+    client::TrainResult result;
+    client::EvalResult eval;
+    double wall_train_s = 0, train_cpu_s = 0;
+    std::uint64_t bytes_down = 0, bytes_up = 0;
+  };
+
+  struct Result {
+    Job* job = nullptr;
+    std::exception_ptr error;
+  };
+
+  // One pull per model version. A federated round's model changes only when the round closes,
+  // so every client that starts from version v receives the same bytes: the fleet pulls them
+  // once, through the first virtual client that needs them (the protocol's Pull from every
+  // shard), and the clients share that copy read-only. A real fleet downloads it once per
+  // client; the virtual clock and the byte counts still charge every client its download.
+  struct PulledModel {
+    std::uint64_t version = 0;
+    std::uint32_t requester = 0;  // the virtual client whose pulls fetch it
+    std::uint64_t round = 0;      // the round its pulls were sent in
+    std::uint64_t seq = 0;        // order of requests: a shard answers one client in order
+    std::shared_ptr<FloatBuffer> params;
+    std::vector<bool> got;  // per shard: its pull reply arrived
+    std::size_t pending = 0;
+    std::vector<Job*> waiting;
+  };
+
+  struct Collecting {
+    std::uint64_t round = 0;
+    transport::RoundStart rs;
+    std::vector<std::uint32_t> clients;
+    Clock::time_point last_arrival;
+  };
+
+  struct Active {
+    std::uint64_t round = 0;
+    transport::RoundStart rs;
+    std::vector<std::unique_ptr<Job>> jobs;  // completers in id order, then the others in id order
+    std::size_t completers = 0;
+    std::size_t next_start = 0, next_push = 0;
+    RoundRecord record;
+    Clock::time_point wall_start;
+  };
+
+  std::string name_of(std::uint32_t c) const;
+  std::optional<std::uint32_t> client_of(const std::string& name) const;
+  void load();
+  DeviceProfile profile(std::uint32_t c) const;
+  void send(std::size_t shard, std::uint32_t client, transport::Envelope e,
+            transport::Payload payload = {});
+
+  // ---- registration (fleet.cc) ------------------------------------------------------------------
+
+  void drive_registration();
+  [[nodiscard]] bool all_registered() const { return welcomes_ >= n_; }
+  void send_register(std::uint32_t c);
+  void on_welcome(std::uint32_t c, const transport::Welcome& w);
+  void setup_model(const transport::Welcome& w);
+
+  // ---- message dispatch and pulls (fleet.cc) ----------------------------------------------------
+
+  void dispatch(transport::Message& m);
+  void on_round_start(std::uint32_t c, const transport::RoundStart& rs);
+  // A round whose RoundStarts stopped short of the selection size (a client left the pool):
+  // plan it with what arrived after a quiet second. Not reached in a healthy simulation.
+  void check_stalled_collection();
+  Job* find_job(std::uint32_t c, std::uint64_t round, bool eval);
+  void on_pull_reply(std::uint32_t c, const transport::PullReply& r, const transport::Message& m);
+  void give_model(Job& job, std::shared_ptr<const FloatBuffer> params);
+  std::uint64_t model_bytes() const;
+  // The job gets the model of its round's version: at once when it is in, else when the pull
+  // of it (sent now, if this is its first client) is answered.
+  void request_model(Job& job);
+  void on_push_ack(std::uint32_t c, const transport::PushAck& a, const transport::Message& m);
+
+  // ---- rounds (fleet_rounds.cc) -----------------------------------------------------------------
+
+  void plan(Collecting col);
+  // Starts jobs within the window, pushes trained updates in client-id order, closes the round.
+  void advance();
+  static bool completers_reported(const Active& a);
+  // A delta buffer: reused once ZeroMQ has released the last push that sent it (its deleter may
+  // run on a shard's thread, hence the lock).
+  std::shared_ptr<FloatBuffer> take_delta();
+  void start_job(Job& job);
+  void on_pulled(Job& job);
+  void submit(Job& job);
+  Slot* acquire_slot();
+  void release_slot(Slot* s);
+  void collect_results();
+  void push(Job& job);
+
+  // ---- reports to the coordinator, records (fleet_rounds.cc) ------------------------------------
+
+  transport::ClientReport base_report(const Job& job) const;
+  // Reports reach the coordinator in a fixed order: a round's reports wait for the evaluation
+  // reports of earlier rounds, which the coordinator would otherwise see late or not at all
+  // depending on thread timing.
+  void send_report(const Job& job, const transport::ClientReport& r);
+  void release_reports();
+  void finish_training_job(Job& job);
+  void complete(Job& job);
+  void close_active();
+  void on_evaluated(Job& job);
+  // Writes the records of closed rounds, in order: a round's record once its evaluation is in,
+  // or once a later round started (no evaluation was asked for), or at the end.
+  void flush_records(bool all);
+  void write_record(const RoundRecord& r);
+  void progress_line(bool round_done);
+
+  const Config& config_;
+  transport::Context& ctx_;
+  std::vector<std::string> urls_;
+  const std::atomic<bool>& stop_;
+  std::function<bool()> shards_failed_;
+  ThreadPool pool_;
+  Reporter reporter_;
+  std::size_t n_ = 0, k_ = 1, min_updates_ = 1, window_ = 4, expected_selected_ = 1, width_ = 5;
+  std::uint64_t seed_ = 1, rounds_ = 0;
+  double deadline_s_ = 60;
+  Clock::time_point started_, first_round_wall_;
+
+  client::Dataset train_, test_;
+  client::Partition partition_;
+  std::string partition_text_;
+  ProfileSpec profile_spec_;
+  std::vector<DeviceProfile> trace_;
+
+  std::vector<std::unique_ptr<transport::Endpoint>> eps_;
+  std::vector<transport::Endpoint*> ep_ptrs_;
+  std::vector<transport::ShardInfo> shards_;
+  kernels::NetworkSpec spec_;  // outlives the slots' networks
+  std::uint64_t model_size_ = 0;
+  client::TrainerOptions options_;
+  std::unique_ptr<kernels::Device> device_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Slot*> free_slots_;
+  std::mutex slots_mu_;  // guards free_slots_
+  std::condition_variable slots_cv_;
+  std::mutex results_mu_;  // guards results_
+  std::vector<Result> results_;
+
+  std::vector<bool> registered_;
+  std::vector<std::uint32_t> retry_;
+  std::size_t welcomes_ = 0, next_register_ = 0;
+  bool welcomed_any_ = false, finished_ = false;
+  Clock::time_point next_knock_;
+
+  std::deque<Collecting> collecting_;
+  std::optional<Active> active_;
+  std::vector<std::unique_ptr<Job>> evals_;
+  std::size_t in_flight_ = 0;
+  std::size_t training_ = 0;  // jobs handed to the training threads whose results are not in
+  std::deque<std::pair<std::uint32_t, transport::ClientReport>> held_reports_;
+  std::uint64_t starts_ = 0;
+  struct Spare {
+    std::mutex mu;  // guards buffers
+    std::vector<FloatBuffer> buffers;
+  };
+  std::shared_ptr<Spare> spare_ = std::make_shared<Spare>();
+  std::vector<std::unique_ptr<PulledModel>> models_;
+  double sim_now_ = 0;
+  std::map<std::uint64_t, RoundRecord> records_;
+  std::map<std::uint64_t, client::EvalResult> evaluated_;
+  Summary summary_;
+};
+
+}  // namespace cohort::sim

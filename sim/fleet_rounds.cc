@@ -1,0 +1,417 @@
+// cohort-sim's fleet (fleet.h), its rounds: planning on the virtual clock, the jobs of the
+// selected clients, local training on the thread pool, pushes in client-id order, the reports to
+// the coordinator and the round records.
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "fleet.h"
+
+namespace cohort::sim {
+namespace {
+
+// CPU time of the calling thread: local training's compute, not counting time the thread spent
+// preempted by the fleet, the shards or the other training threads.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+}  // namespace
+
+using namespace std::chrono_literals;
+using transport::Endpoint;
+using transport::Envelope;
+using transport::Message;
+
+void Fleet::plan(Collecting col) {
+  std::sort(col.clients.begin(), col.clients.end());
+  const std::uint64_t bytes_down = model_bytes(), bytes_up = bytes_down;  // dense fp32 both ways
+  std::vector<Selected> sel(col.clients.size());
+  std::vector<ClientTime> times(col.clients.size());
+  for (std::size_t i = 0; i < col.clients.size(); ++i) {
+    const std::uint32_t c = col.clients[i];
+    const DeviceProfile p = profile(c);
+    const auto samples = samples_per_round(partition_[c].size(), options_.batch_size,
+                                           options_.epochs, options_.steps, options_.drop_last);
+    times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples)});
+    sel[i].finish_s = times[i].total();
+    sel[i].silent =
+        !is_online(p, seed_, c, col.round, sim_now_) || drops_out(p, seed_, c, col.round);
+  }
+  const RoundPlan plan = plan_round(sel, k_, deadline_s_);
+  active_.emplace();
+  Active& a = *active_;
+  a.round = col.round;
+  a.rs = col.rs;
+  a.wall_start = Clock::now();
+  if (summary_.rounds == 0) first_round_wall_ = a.wall_start;
+  auto& rec = a.record;
+  rec.seq = ++summary_.rounds;
+  rec.round_id = col.round;
+  rec.selected = col.clients.size();
+  rec.completed = plan.completes;
+  rec.committed = plan.completes >= min_updates_;
+  rec.sim_round_s = plan.close_s;
+  sim_now_ += plan.close_s;
+  rec.sim_total_s = sim_now_;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t i = 0; i < col.clients.size(); ++i) {
+      const Fate f = plan.fate[i];
+      if ((pass == 0) != (f == Fate::kCompletes)) continue;
+      if (f == Fate::kCut) ++rec.cut;
+      if (f == Fate::kStraggler) ++rec.stragglers;
+      if (f == Fate::kSilent) {
+        ++rec.silent;
+        continue;
+      }
+      // Bytes are counted from the plan (what the protocol moves for this client), so a record
+      // does not depend on how far late clients got when training ended; bytes_measured counts
+      // what really moved.
+      rec.bytes += bytes_down + (f == Fate::kCompletes ? bytes_up : 0);
+      auto job = std::make_unique<Job>();
+      job->kind = f == Fate::kCompletes ? Job::Kind::kTrain : Job::Kind::kPullOnly;
+      job->client = col.clients[i];
+      job->rs = col.rs;
+      job->fate = f;
+      job->time = times[i];
+      a.jobs.push_back(std::move(job));
+    }
+  }
+  a.completers = plan.completes;
+  flush_records(false);  // the previous round asked for no evaluation if none is pending
+}
+
+void Fleet::advance() {
+  if (!active_) {
+    if (!collecting_.empty()) check_stalled_collection();
+    if (!active_) return;
+  }
+  Active& a = *active_;
+  // Completers first; the others only once every completer has reported (they would report
+  // after the round closed).
+  while (a.next_start < a.jobs.size() && in_flight_ < window_) {
+    if (a.next_start >= a.completers && !completers_reported(a)) break;
+    start_job(*a.jobs[a.next_start++]);
+  }
+  while (a.next_push < a.completers && a.jobs[a.next_push]->trained) push(*a.jobs[a.next_push++]);
+  if (a.next_start == a.jobs.size() &&
+      std::all_of(a.jobs.begin(), a.jobs.end(), [](const auto& j) { return j->done; })) {
+    close_active();
+  }
+}
+
+bool Fleet::completers_reported(const Active& a) {
+  for (std::size_t i = 0; i < a.completers; ++i)
+    if (!a.jobs[i]->done) return false;
+  return true;
+}
+
+std::shared_ptr<FloatBuffer> Fleet::take_delta() {
+  FloatBuffer b;
+  {
+    std::lock_guard lock(spare_->mu);
+    if (!spare_->buffers.empty()) {
+      b = std::move(spare_->buffers.back());
+      spare_->buffers.pop_back();
+    }
+  }
+  if (b.size() != model_size_) b = FloatBuffer(model_size_);
+  auto* raw = new FloatBuffer(std::move(b));
+  return std::shared_ptr<FloatBuffer>(raw, [spare = spare_](FloatBuffer* p) {
+    {
+      std::lock_guard lock(spare->mu);
+      if (spare->buffers.size() < 256) spare->buffers.push_back(std::move(*p));
+    }
+    delete p;
+  });
+}
+
+void Fleet::start_job(Job& job) {
+  ++in_flight_;
+  job.start_seq = ++starts_;
+  job.pulls_pending = 1;
+  request_model(job);
+}
+
+void Fleet::on_pulled(Job& job) {
+  job.pulled = true;
+  if (job.kind == Job::Kind::kPullOnly) {
+    transport::ClientReport r = base_report(job);
+    char why[160];
+    if (job.fate == Fate::kStraggler) {
+      std::snprintf(why, sizeof why,
+                    "could not push before the deadline (simulated finish %.1f s > %.1f s)",
+                    job.time.total(), deadline_s_);
+    } else {
+      std::snprintf(why, sizeof why,
+                    "the round closed before this update (simulated finish %.1f s)",
+                    job.time.total());
+    }
+    r.message = why;
+    send_report(job, r);
+    complete(job);
+    return;
+  }
+  submit(job);
+}
+
+void Fleet::submit(Job& job) {
+  ++training_;
+  if (job.kind != Job::Kind::kEvaluate) job.delta = take_delta();
+  Job* j = &job;
+  pool_.submit([this, j] {
+    Result res{j, nullptr};
+    try {
+      Slot* slot = acquire_slot();
+      struct Release {
+        Fleet* f;
+        Slot* s;
+        ~Release() { f->release_slot(s); }
+      } release{this, slot};
+      const FloatBuffer& model = *j->model;
+      auto params = slot->net->parameters();
+      std::copy(model.begin(), model.end(), params.begin());
+      const auto t0 = Clock::now();
+      const double cpu0 = thread_cpu_seconds();
+      if (j->kind == Job::Kind::kEvaluate) {
+        j->eval = slot->trainer->evaluate(test_);
+      } else {
+        const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL +
+                          j->rs.model_version * 7919ULL + j->client;
+        j->result = slot->trainer->train(train_, partition_[j->client], seed);
+        const auto trained = slot->net->parameters();
+        FloatBuffer& delta = *j->delta;
+        for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = trained[i] - model[i];
+      }
+      j->wall_train_s = seconds_since(t0);
+      j->train_cpu_s = thread_cpu_seconds() - cpu0;
+    } catch (...) {
+      res.error = std::current_exception();
+    }
+    std::lock_guard lock(results_mu_);
+    results_.push_back(res);
+  });
+}
+
+Slot* Fleet::acquire_slot() {
+  std::unique_lock lock(slots_mu_);
+  slots_cv_.wait(lock, [&] { return !free_slots_.empty(); });
+  Slot* s = free_slots_.back();
+  free_slots_.pop_back();
+  return s;
+}
+
+void Fleet::release_slot(Slot* s) {
+  {
+    std::lock_guard lock(slots_mu_);
+    free_slots_.push_back(s);
+  }
+  slots_cv_.notify_one();
+}
+
+void Fleet::collect_results() {
+  std::vector<Result> done;
+  {
+    std::lock_guard lock(results_mu_);
+    done.swap(results_);
+  }
+  for (auto& r : done) {
+    --training_;
+    if (r.error) std::rethrow_exception(r.error);
+    Job& job = *r.job;
+    if (job.kind == Job::Kind::kEvaluate) {
+      on_evaluated(job);
+    } else {
+      job.trained = true;
+    }
+  }
+}
+
+void Fleet::push(Job& job) {
+  const auto bytes = std::as_bytes(job.delta->span());
+  job.acks_pending = shards_.size();
+  for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+    const auto& s = shards_[i];
+    Envelope e;
+    e.round = job.rs.round;
+    e.body = transport::Push{s.index,
+                             s.begin,
+                             s.end,
+                             partition_[job.client].size(),
+                             job.rs.model_version,
+                             transport::Encoding::kDenseF32,
+                             transport::PushKind::kDelta,
+                             static_cast<float>(job.result.mean_loss),
+                             0,
+                             s.end - s.begin};
+    const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
+    job.bytes_up += slice.size();
+    // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
+    send(i, job.client, std::move(e), transport::Payload{slice, job.delta});
+  }
+  job.pushed = true;
+  job.delta.reset();
+  job.model.reset();
+}
+
+transport::ClientReport Fleet::base_report(const Job& job) const {
+  transport::ClientReport r;
+  r.round = job.rs.round;
+  r.model_version = job.rs.model_version;
+  r.bytes_sent = job.bytes_up;
+  r.bytes_received = job.bytes_down;
+  r.comm_seconds = static_cast<float>(job.time.download_s + job.time.upload_s);
+  return r;
+}
+
+void Fleet::send_report(const Job& job, const transport::ClientReport& r) {
+  const bool wait = !r.evaluated && std::any_of(evals_.begin(), evals_.end(), [&](const auto& j) {
+    return j->rs.round < r.round;
+  });
+  if (wait || (!r.evaluated && !held_reports_.empty())) {
+    held_reports_.emplace_back(job.client, r);
+    return;
+  }
+  Envelope e;
+  e.round = r.round;
+  e.body = r;
+  send(0, job.client, std::move(e));
+}
+
+void Fleet::release_reports() {
+  while (!held_reports_.empty()) {
+    const auto& [client, r] = held_reports_.front();
+    if (std::any_of(evals_.begin(), evals_.end(),
+                    [&](const auto& j) { return j->rs.round < r.round; }))
+      return;
+    Envelope e;
+    e.round = r.round;
+    e.body = r;
+    send(0, client, std::move(e));
+    held_reports_.pop_front();
+  }
+}
+
+void Fleet::finish_training_job(Job& job) {
+  transport::ClientReport r = base_report(job);
+  r.trained = job.refusals.empty();
+  if (!job.refusals.empty()) r.message = "a shard refused the update: " + job.refusals.front();
+  r.num_samples = partition_[job.client].size();
+  r.train_loss = static_cast<float>(job.result.mean_loss);
+  r.train_seconds = static_cast<float>(job.time.compute_s);
+  send_report(job, r);
+  auto& rec = active_->record;
+  rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
+  rec.samples += r.num_samples;
+  rec.wall_train_s += job.wall_train_s;
+  rec.wall_train_cpu_s += job.train_cpu_s;
+  summary_.train_wall_seconds += job.wall_train_s;
+  summary_.train_cpu_seconds += job.train_cpu_s;
+  if (!job.refusals.empty()) {
+    COHORT_LOG(Warn) << name_of(job.client) << ": " << r.message;
+  }
+  complete(job);
+}
+
+void Fleet::complete(Job& job) {
+  job.done = true;
+  --in_flight_;
+  job.model.reset();
+  job.delta.reset();
+  if (job.kind != Job::Kind::kEvaluate) summary_.bytes_measured += job.bytes_down + job.bytes_up;
+}
+
+void Fleet::close_active() {
+  Active& a = *active_;
+  a.record.wall_round_s = seconds_since(a.wall_start);
+  summary_.round_wall_seconds = seconds_since(first_round_wall_);
+  summary_.sim_seconds = sim_now_;
+  if (a.record.committed) ++summary_.committed;
+  summary_.bytes += a.record.bytes;
+  records_[a.round] = a.record;
+  active_.reset();
+  // A round's line waits for its evaluation, if one was asked for.
+  flush_records(false);
+}
+
+void Fleet::on_evaluated(Job& job) {
+  transport::ClientReport r = base_report(job);
+  r.comm_seconds = 0;
+  r.evaluated = true;
+  r.eval_loss = static_cast<float>(job.eval.loss);
+  r.eval_accuracy = static_cast<float>(job.eval.accuracy);
+  r.eval_count = job.eval.count;
+  send_report(job, r);
+  --in_flight_;
+  job.model.reset();
+  job.delta.reset();
+  evaluated_[job.rs.round] = job.eval;
+  summary_.eval_cpu_seconds += job.train_cpu_s;
+  summary_.final_accuracy = job.eval.accuracy;
+  summary_.final_loss = job.eval.loss;
+  evals_.erase(
+      std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
+      evals_.end());
+  release_reports();
+  flush_records(false);
+}
+
+void Fleet::flush_records(bool all) {
+  while (!records_.empty()) {
+    auto it = records_.begin();
+    RoundRecord& rec = it->second;
+    const auto ev = evaluated_.find(it->first);
+    const bool eval_pending = std::any_of(evals_.begin(), evals_.end(),
+                                          [&](const auto& j) { return j->rs.round == it->first; });
+    const bool later_started = active_ || !collecting_.empty();
+    if (ev == evaluated_.end() && !all && (eval_pending || !later_started)) return;
+    if (ev != evaluated_.end()) {
+      rec.evaluated = true;
+      rec.test_loss = ev->second.loss;
+      rec.test_accuracy = ev->second.accuracy;
+      evaluated_.erase(ev);
+    }
+    write_record(rec);
+    records_.erase(it);
+  }
+}
+
+void Fleet::write_record(const RoundRecord& r) {
+  reporter_.write(r, seconds_since(started_));
+  progress_line(true);
+}
+
+void Fleet::progress_line(bool round_done) {
+  if (!reporter_.progress_due(round_done)) return;
+  ProgressView v;
+  v.wall_s = seconds_since(started_);
+  if (!welcomed_any_ || !all_registered()) {
+    v.registering = true;
+    v.registered = welcomes_;
+    v.clients = n_;
+  } else {
+    const std::uint64_t done = summary_.committed;
+    v.eta_s = done > 0 ? seconds_since(first_round_wall_) / static_cast<double>(done) *
+                             static_cast<double>(rounds_ - std::min(done, rounds_))
+                       : 0.0;
+    v.round = summary_.rounds;
+    v.rounds = rounds_;
+    if (active_ && !round_done) {
+      for (const auto& j : active_->jobs) v.reported += j->done ? 1 : 0;
+      v.selected = active_->record.selected;
+    } else if (const RoundRecord* last = reporter_.last()) {
+      v.reported = last->completed;
+      v.selected = last->selected;
+      v.round = last->seq;
+    }
+    v.sim_s = sim_now_;
+  }
+  reporter_.print_progress(v, round_done);
+}
+
+}  // namespace cohort::sim

@@ -1,0 +1,131 @@
+// cohort-sim in one process: the real server shards on threads (cohort::server::run with
+// inproc:// urls, one ZeroMQ context) and the fleet (fleet.h) on the calling thread.
+#include <algorithm>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "cohort/client/trainer.h"
+#include "cohort/core/error.h"
+#include "cohort/server/server.h"
+#include "cohort/sim/sim.h"
+#include "cohort/transport/endpoint.h"
+#include "fleet.h"
+#include "options.h"
+
+namespace cohort::sim {
+namespace {
+
+// The server's configuration for shard `index` of the simulation.
+Config shard_config(const Config& sim, std::uint32_t index, const std::vector<std::string>& urls) {
+  const ConfigSchema schema = server::config_schema();
+  Config c(schema);
+  for (const auto& o : schema.options()) {
+    // Only what the simulation's file or flags set: the server refuses a key its mode cannot
+    // honour, and its defaults are the simulation's.
+    if (set_by_sim(o.key) || !sim.is_set(o.key)) continue;
+    c.set_value(o.key, [&]() -> Value {
+      switch (o.type) {
+        case ValueType::kBool:
+          return sim.get_bool(o.key);
+        case ValueType::kInt:
+          return sim.get_int(o.key);
+        case ValueType::kDouble:
+          return sim.get_double(o.key);
+        case ValueType::kString:
+          return sim.get_string(o.key);
+      }
+      return sim.get_string(o.key);
+    }());
+  }
+  for (const char* section : {"train", "aggregator", "server_optimizer"}) {
+    const auto s = sim.section(section);
+    for (const auto& name : s.names())
+      c.set(std::string(section) + "." + name, s.get_string(name, ""));
+  }
+  c.set_value("server.shard", std::int64_t{index});
+  c.set_value("server.listen", urls[index]);
+  c.set_value("server.advertise", urls[index]);
+  c.set_value("server.coordinator", index == 0 ? std::string() : urls[0]);
+  c.set_value("server.name", "shard-" + std::to_string(index));
+  c.set_value("server.port_file", std::string());
+  c.set_value("server.min_clients", sim.get_int("sim.clients"));
+  c.set_value("server.round_deadline_ms", sim.get_int("sim.wall_deadline_ms"));
+  c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
+  c.set_value("tls.insecure", true);
+  if (index != 0) c.set_value("server.metrics_file", std::string());
+  return c;
+}
+
+std::string sim_url(std::uint64_t run, std::uint32_t shard) {
+  return "inproc://cohort-sim-" + std::to_string(run) + "-shard-" + std::to_string(shard);
+}
+
+}  // namespace
+
+Summary run_in_process(const Config& config, const Registries& registries,
+                       const std::atomic<bool>& stop) {
+  if (config.get_string("server.mode") != "federated") {
+    throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
+  }
+  check_client_side(config);
+  if (!client::trainer_options_from(config.section("train")).reset_optimizer_state) {
+    // Training threads are shared by all clients; per-client optimizer state is not kept.
+    throw ConfigError(
+        "the simulation keeps no optimizer state between a client's rounds: "
+        "train.reset_optimizer_state = false is not simulated");
+  }
+  const auto shards =
+      static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
+  static std::atomic<std::uint64_t> runs{0};
+  const std::uint64_t run = ++runs;
+  std::vector<std::string> urls;
+  for (std::uint32_t i = 0; i < shards; ++i) urls.push_back(sim_url(run, i));
+  std::vector<Config> shard_configs;
+  for (std::uint32_t i = 0; i < shards; ++i) shard_configs.push_back(shard_config(config, i, urls));
+
+  transport::Context ctx;
+  std::atomic<bool> stop_shards{false};
+  std::vector<std::atomic<bool>> finished(shards);
+  std::vector<std::exception_ptr> errors(shards);
+  std::mutex errors_mu;
+  std::atomic<bool> failed{false};
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < shards; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        server::run(shard_configs[i], registries, stop_shards, ctx);
+      } catch (...) {
+        std::lock_guard lock(errors_mu);
+        errors[i] = std::current_exception();
+        failed = true;
+      }
+      finished[i] = true;
+    });
+  }
+  auto all_finished = [&] {
+    return std::all_of(finished.begin(), finished.end(), [](const auto& f) { return f.load(); });
+  };
+  Summary summary;
+  std::exception_ptr fleet_error;
+  {
+    std::optional<Fleet> fleet;
+    try {
+      fleet.emplace(config, ctx, urls, stop, [&] { return failed.load(); });
+      summary = fleet->run();
+      if (!stop.load()) fleet->drain_until(all_finished);
+    } catch (...) {
+      fleet_error = std::current_exception();
+    }
+    stop_shards = true;
+    for (auto& t : threads) t.join();
+  }  // the fleet's sockets close before the context
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  if (fleet_error) std::rethrow_exception(fleet_error);
+  return summary;
+}
+
+}  // namespace cohort::sim

@@ -1,0 +1,103 @@
+// cohort-sim's configuration: its schema (the server's keys, the clients' data.*, the fleet's
+// sim.* and the device profile.*) and the checks both runners make before they start.
+#include "options.h"
+
+#include <string>
+
+#include "cohort/aggregation/registries.h"
+#include "cohort/client/idx.h"
+#include "cohort/client/partition.h"
+#include "cohort/client/trainer.h"
+#include "cohort/core/error.h"
+#include "cohort/server/server.h"
+#include "cohort/sim/sim.h"
+
+namespace cohort::sim {
+
+using client::device_choice_from;
+using client::kFashionMnistDir;
+using client::parse_partition_spec;
+using client::trainer_options_from;
+
+bool set_by_sim(std::string_view key) {
+  for (std::string_view k :
+       {"server.shard", "server.listen", "server.coordinator", "server.advertise", "server.name",
+        "server.port_file", "server.min_clients", "server.client_timeout_ms"}) {
+    if (key == k) return true;
+  }
+  return key.rfind("tls.", 0) == 0;
+}
+
+void check_client_side(const Config& config) {
+  (void)trainer_options_from(config.section("train"));
+  // The fleet trains on CPU threads of its own (sim.threads): a train.device or train.threads
+  // would be ignored, so it is refused.
+  const auto choice = device_choice_from(config.section("train"));
+  if (choice.device != "cpu" || config.section("train").has("threads")) {
+    throw ConfigError(
+        "cohort-sim trains every virtual client on the CPU with one thread each: train.device "
+        "and train.threads do not apply (set sim.threads for the number of training threads)");
+  }
+  (void)parse_partition_spec(config.get_string("data.partition"));
+  if (config.get_int("data.seed") < 0) throw ConfigError("data.seed must be >= 0");
+  if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
+  const auto threads = config.get_int("sim.threads");
+  if (threads < 0 || threads > 1024) {
+    throw ConfigError("sim.threads must be between 0 and 1024, got " + std::to_string(threads));
+  }
+}
+
+ConfigSchema sim_config_schema() {
+  ConfigSchema s;
+  const ConfigSchema server_schema = server::config_schema();
+  for (const auto& o : server_schema.options()) {
+    if (set_by_sim(o.key)) continue;
+    std::string help = o.help;
+    if (o.key == "server.mode") help = "federated (the only mode cohort-sim simulates)";
+    if (o.key == "server.round_deadline_ms") {
+      help = "a round closes at this deadline, on the simulated clock (--processes: real time)";
+    }
+    s.add(o.key, o.default_value, help);
+  }
+  s.add_section("train",
+                "client-side training options (epochs, batch_size, lr, momentum, optimizer, ...)")
+      .add_section("aggregator", "aggregation rule: name = " +
+                                     builtin_registries().aggregators.names() + ", and its options")
+      .add_section("server_optimizer",
+                   "server optimizer: name = " + builtin_registries().server_optimizers.names() +
+                       ", and its options (lr: each one's own default)")
+      .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
+      .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
+      .add("data.seed", std::int64_t{1}, "seed of the partition and of local shuffles")
+      .add("sim.clients", std::int64_t{100}, "N: virtual clients, all registered before round 1")
+      .add("sim.threads", std::int64_t{0}, "local-training threads (0: one per core)")
+      .add("sim.seed", std::int64_t{1}, "seed of device profiles, availability and dropouts")
+      .add("sim.wall_deadline_ms", std::int64_t{120000},
+           "real-time deadline of the in-process coordinator: a round with a silent (offline or "
+           "dropped-out) client and fewer than K updates waits this long; must exceed a round's "
+           "host time")
+      .add("sim.metrics_file", std::string("sim_metrics.jsonl"),
+           "per-round JSON lines (simulated and wall_* times)")
+      .add("sim.csv_file", std::string("sim_metrics.csv"),
+           "the same as CSV (--plot reads it); empty: none")
+      .add("sim.progress", true, "live progress line on stderr")
+      .add("sim.log_dir", std::string(""),
+           "--processes: folder for the processes' logs and config (default: a new one under the "
+           "temp dir)")
+      .add("sim.profile_trace", std::string(""),
+           "CSV of devices "
+           "(gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
+           "client i gets row i mod rows; overrides profile.*")
+      .add("profile.gflops", std::string("10"),
+           "training speed, GFLOP/s: X | uniform:A:B | lognormal:MEDIAN:SIGMA")
+      .add("profile.uplink_mbps", std::string("10"), "uplink, Mbit/s (same forms)")
+      .add("profile.downlink_mbps", std::string("50"), "downlink, Mbit/s (same forms)")
+      .add("profile.latency_ms", std::string("50"), "one-way latency, ms (same forms)")
+      .add("profile.availability", std::string("always"),
+           "always | diurnal:MIN:MAX (online probability over a simulated day)")
+      .add("profile.dropout", 0.0,
+           "probability that a selected client drops out of the round (silent)");
+  return s;
+}
+
+}  // namespace cohort::sim

@@ -1,0 +1,137 @@
+// cohort-sim's per-round records and progress line (report.h).
+#include "report.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "cohort/core/error.h"
+
+namespace cohort::sim {
+
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  return buf;
+}
+
+std::string human_duration(double s) {
+  char buf[32];
+  if (s >= 86400)
+    std::snprintf(buf, sizeof buf, "%.1fd", s / 86400);
+  else if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%.1fm", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  return buf;
+}
+
+Reporter::Reporter(const Config& config) : metrics_(config.get_string("sim.metrics_file")) {
+  progress_ = config.get_bool("sim.progress");
+  tty_ = isatty(fileno(stderr)) != 0;
+  const auto csv = config.get_string("sim.csv_file");
+  if (!csv.empty()) {
+    csv_.open(csv, std::ios::trunc);
+    if (!csv_) throw ConfigError("cannot write sim.csv_file " + csv);
+    csv_ << "round,round_id,committed,selected,completed,cut,stragglers,silent,train_loss,"
+            "test_loss,test_accuracy,bytes,total_bytes,sim_round_seconds,sim_seconds,"
+            "wall_round_seconds,wall_train_seconds,wall_seconds\n";
+  }
+}
+
+void Reporter::write(const RoundRecord& r, double wall) {
+  total_bytes_ += r.bytes;
+  const double loss = r.samples ? r.loss_sum / static_cast<double>(r.samples) : 0.0;
+  std::vector<MetricField> f{{"round", r.seq},
+                             {"round_id", r.round_id},
+                             {"committed", r.committed},
+                             {"selected", std::uint64_t{r.selected}},
+                             {"completed", std::uint64_t{r.completed}},
+                             {"cut", std::uint64_t{r.cut}},
+                             {"stragglers", std::uint64_t{r.stragglers}},
+                             {"silent", std::uint64_t{r.silent}},
+                             {"train_loss", loss},
+                             {"bytes", r.bytes},
+                             {"total_bytes", total_bytes_},
+                             {"sim_round_seconds", r.sim_round_s},
+                             {"sim_seconds", r.sim_total_s}};
+  if (r.evaluated) {
+    f.push_back({"test_loss", r.test_loss});
+    f.push_back({"test_accuracy", r.test_accuracy});
+  }
+  f.push_back({"wall_round_seconds", r.wall_round_s});
+  f.push_back({"wall_train_seconds", r.wall_train_s});
+  f.push_back({"wall_train_cpu_seconds", r.wall_train_cpu_s});
+  f.push_back({"wall_seconds", wall});
+  metrics_.write("sim_round", f);
+  if (csv_) {
+    char line[512];
+    std::snprintf(
+        line, sizeof line,
+        "%llu,%llu,%d,%zu,%zu,%zu,%zu,%zu,%.9g,%s,%s,%llu,%llu,%.9g,%.9g,%.6f,%.6f,%.6f\n",
+        static_cast<unsigned long long>(r.seq), static_cast<unsigned long long>(r.round_id),
+        r.committed ? 1 : 0, r.selected, r.completed, r.cut, r.stragglers, r.silent, loss,
+        r.evaluated ? std::to_string(r.test_loss).c_str() : "",
+        r.evaluated ? std::to_string(r.test_accuracy).c_str() : "",
+        static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(total_bytes_),
+        r.sim_round_s, r.sim_total_s, r.wall_round_s, r.wall_train_s, wall);
+    csv_ << line;
+    csv_.flush();
+  }
+  last_ = r;
+  have_last_ = true;
+}
+
+bool Reporter::progress_due(bool round_done) const {
+  if (!progress_) return false;
+  if (round_done) return true;
+  return tty_ && seconds_since(last_progress_) >= 0.25;
+}
+
+void Reporter::print_progress(const ProgressView& v, bool round_done) {
+  last_progress_ = Clock::now();
+  std::string line;
+  char buf[512];
+  if (v.registering) {
+    std::snprintf(buf, sizeof buf, "registering %zu/%zu clients | %.0fs", v.registered, v.clients,
+                  v.wall_s);
+    line = buf;
+  } else {
+    std::string acc = "-", loss = "-";
+    if (have_last_ && last_.evaluated) {
+      std::snprintf(buf, sizeof buf, "%.2f%%", last_.test_accuracy * 100);
+      acc = buf;
+      std::snprintf(buf, sizeof buf, "%.4f", last_.test_loss);
+      loss = buf;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "round %llu/%llu | clients %zu/%zu | test loss %s | accuracy %s | %s | "
+                  "simulated %s | wall %.0fs | ETA %.0fs",
+                  static_cast<unsigned long long>(v.round),
+                  static_cast<unsigned long long>(v.rounds), v.reported, v.selected, loss.c_str(),
+                  acc.c_str(), human_bytes(static_cast<double>(total_bytes_)).c_str(),
+                  human_duration(v.sim_s).c_str(), v.wall_s, v.eta_s);
+    line = buf;
+  }
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
+    if (round_done) std::fputc('\n', stderr);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Reporter::finish_progress() {
+  if (progress_ && tty_) std::fputc('\n', stderr);
+}
+
+}  // namespace cohort::sim
