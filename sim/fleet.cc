@@ -51,6 +51,7 @@
 #include <cstring>
 
 #include "cohort/client/idx.h"
+#include "cohort/client/shard_client.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
@@ -395,10 +396,7 @@ void Fleet::on_pull_reply(std::uint32_t c, const transport::PullReply& r, const 
   }
   if (!model) return;
   model->got[r.shard] = true;
-  if (r.end > model_size_ || r.begin > r.end ||
-      m.payload.size() != (r.end - r.begin) * sizeof(float)) {
-    throw ProtocolError("shard " + std::to_string(r.shard) + " sent a reply of the wrong shape");
-  }
+  (void)client::pull_reply_for(shards_[r.shard], m);  // throws on a reply of the wrong shape
   std::memcpy(model->params->data() + r.begin, m.payload.data(), m.payload.size());
   if (--model->pending > 0) return;
   std::shared_ptr<const FloatBuffer> params = model->params;
@@ -444,10 +442,7 @@ void Fleet::request_model(Job& job) {
   pm->waiting.push_back(&job);
   models_.push_back(std::move(pm));
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
-    Envelope e;
-    e.round = job.rs.round;
-    e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, version};
-    send(i, job.client, std::move(e));
+    send(i, job.client, client::pull_request(shards_[i], job.rs.round, version));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cohort/client/shard_client.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "fleet.h"
@@ -237,18 +238,10 @@ void Fleet::push(Job& job) {
   job.acks_pending = shards_.size();
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
     const auto& s = shards_[i];
-    Envelope e;
-    e.round = job.rs.round;
-    e.body = transport::Push{s.index,
-                             s.begin,
-                             s.end,
-                             partition_[job.client].size(),
-                             job.rs.model_version,
-                             transport::Encoding::kDenseF32,
-                             transport::PushKind::kDelta,
-                             static_cast<float>(job.result.mean_loss),
-                             0,
-                             s.end - s.begin};
+    auto e = client::push_request(s, client::PushFields{.round = job.rs.round,
+                                                        .num_samples = partition_[job.client].size(),
+                                                        .base_version = job.rs.model_version,
+                                                        .train_loss = static_cast<float>(job.result.mean_loss)});
     const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
     job.bytes_up += slice.size();
     // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
