@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "builtins.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/compression.h"
-#include "random.h"
 #include "wire.h"
 
 namespace cohort::aggregation {
@@ -86,7 +86,7 @@ class Int8Cast final : public Compressor {
     w.put(static_cast<std::uint32_t>(chunk_));
     std::vector<float> scales(chunks);
     std::vector<std::int8_t> q(d);
-    Rng rng(seed);
+    SplitMixRng rng(seed);
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t begin = c * len, end = std::min(d, begin + len);
       float top = 0;

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 namespace {
@@ -38,7 +38,7 @@ class UniformSelector final : public ClientSelector {
                                std::uint64_t seed) const override {
     auto pool = eligible(clients);
     const std::size_t n = std::min(count, pool.size());
-    detail::Rng rng(seed);
+    SplitMixRng rng(seed);
     // Partial Fisher-Yates: the first n slots become a uniform n-subset.
     std::vector<ClientId> out;
     for (std::size_t i = 0; i < n; ++i) {
@@ -61,7 +61,7 @@ class WeightedSelector final : public ClientSelector {
   std::vector<ClientId> select(std::span<const ClientInfo> clients, std::size_t count,
                                std::uint64_t seed) const override {
     const auto pool = eligible(clients);
-    detail::Rng rng(seed);
+    SplitMixRng rng(seed);
     std::vector<std::pair<double, ClientId>> keys;
     for (const ClientInfo* c : pool) {
       const double u = rng.uniform_open0();  // drawn for every client: keys stay aligned by id
@@ -91,7 +91,7 @@ class PoissonSelector final : public ClientSelector {
   std::vector<ClientId> select(std::span<const ClientInfo> clients, std::size_t /*count*/,
                                std::uint64_t seed) const override {
     const auto pool = eligible(clients);
-    detail::Rng rng(seed);
+    SplitMixRng rng(seed);
     std::vector<ClientId> out;
     for (const ClientInfo* c : pool) {
       if (rng.uniform() < q_) out.push_back(c->id);

@@ -3,7 +3,7 @@
 #include "cohort/aggregation/compressor.h"
 
 #include "cohort/aggregation/error_feedback.h"
-#include "random.h"
+#include "cohort/core/random.h"
 #include "wire.h"
 
 namespace cohort::aggregation {
@@ -41,7 +41,7 @@ void decode_builtin(std::span<const std::byte> bytes, std::span<float> out) {
 }
 
 std::uint64_t compression_seed(std::uint64_t run_seed, std::uint64_t round, std::uint64_t client) {
-  return detail::derive_seed(run_seed, round, client);
+  return derive_seed(run_seed, round, client);
 }
 
 namespace detail {

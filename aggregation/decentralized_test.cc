@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 namespace {
@@ -71,7 +71,7 @@ Run run(const Topology& topo, Rank n, const std::string& name, const ConfigSecti
 }
 
 Models random_models(Rank n, std::size_t d, std::uint64_t seed, double offset = 0) {
-  detail::Rng rng(seed);
+  SplitMixRng rng(seed);
   Models x(n, std::vector<float>(d));
   for (auto& m : x) {
     for (float& v : m) v = static_cast<float>(offset + rng.normal());

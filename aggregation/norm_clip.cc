@@ -6,7 +6,7 @@
 
 #include "builtins.h"
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 
@@ -80,7 +80,7 @@ bool NormClip::finish_round(std::span<float> out) {
   COHORT_CHECK(out.size() == size_) << "out has " << out.size() << " elements, range " << size_;
   if (completed_ == 0) return false;
   const double inv = 1.0 / total_weight_;
-  detail::Rng rng(detail::derive_seed(seed_, round_));
+  SplitMixRng rng(derive_seed(seed_, round_));
   for (std::size_t i = 0; i < size_; ++i) {
     double v = sum_[i] * inv;
     if (noise_stddev_ > 0) v += noise_stddev_ * rng.normal();

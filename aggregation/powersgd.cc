@@ -1,11 +1,11 @@
 #include "cohort/aggregation/powersgd.h"
+#include "cohort/core/random.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "builtins.h"
-#include "random.h"
 #include "wire.h"
 
 namespace cohort::aggregation {
@@ -98,7 +98,7 @@ void PowerSgd::encode(std::span<const float> x, CompressorState* state, std::uin
   w.put(static_cast<std::uint32_t>(b));
   if (s->q.size() != b * r) {  // first step: Q ~ N(0, 1), from the seed
     s->q.resize(b * r);
-    detail::Rng rng(detail::derive_seed(seed, 0x9051));
+    SplitMixRng rng(derive_seed(seed, 0x9051));
     for (float& v : s->q) v = static_cast<float>(rng.normal());
   }
   auto m = [&](std::size_t i, std::size_t j) -> double {

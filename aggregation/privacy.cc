@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 
@@ -25,7 +25,7 @@ double clip_l2(std::span<float> x, double bound) {
 void add_gaussian_noise(std::span<float> x, double stddev, std::uint64_t seed) {
   if (!(stddev >= 0) || !std::isfinite(stddev)) throw ConfigError("noise stddev must be >= 0");
   if (stddev == 0) return;
-  detail::Rng rng(detail::derive_seed(seed, 0xd9));
+  SplitMixRng rng(derive_seed(seed, 0xd9));
   for (float& v : x) v = static_cast<float>(v + stddev * rng.normal());
 }
 

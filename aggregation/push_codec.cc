@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 namespace {
@@ -61,7 +61,7 @@ void PushEncoder::encode(std::span<const float> x, std::uint64_t seed,
   for (std::size_t i = 0; i < states_.size(); ++i) {
     const std::size_t first = i * kPushPieceElements;
     const auto piece = x.subspan(first, std::min(kPushPieceElements, size_ - first));
-    compressor_.encode(piece, states_[i].get(), detail::derive_seed(seed, i), piece_);
+    compressor_.encode(piece, states_[i].get(), derive_seed(seed, i), piece_);
     COHORT_CHECK(piece_.size() <= max_piece_bytes(piece.size()))
         << "compressor wrote " << piece_.size() << " bytes for " << piece.size() << " elements";
     const auto len = static_cast<std::uint32_t>(piece_.size());

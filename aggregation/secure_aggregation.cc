@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 #include "secagg_crypto.h"
 
 namespace cohort::aggregation::secagg {
@@ -93,7 +93,7 @@ void FixedPoint::encode_stochastic(std::span<const float> x, std::uint64_t seed,
                                    std::span<std::uint32_t> out) const {
   COHORT_CHECK(x.size() == out.size()) << "fixed point: " << x.size() << " vs " << out.size();
   const double scale = levels_ / (2 * clip_);
-  aggregation::detail::Rng rng(seed);
+  SplitMixRng rng(seed);
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (!std::isfinite(x[i])) throw KernelError("fixed point: non-finite input");
     const double t = (std::clamp(static_cast<double>(x[i]), -clip_, clip_) + clip_) * scale;

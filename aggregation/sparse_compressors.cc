@@ -7,8 +7,8 @@
 #include <string>
 
 #include "builtins.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/compression.h"
-#include "random.h"
 #include "wire.h"
 
 namespace cohort::aggregation {
@@ -47,7 +47,7 @@ KeepRule keep_rule(const ConfigSection& o) {
 // every platform for the same (d, k, seed): the decoder regenerates them instead of receiving them.
 std::vector<std::uint32_t> random_subset(std::size_t d, std::size_t k, std::uint64_t seed) {
   std::vector<bool> taken(d, false);
-  Rng rng(seed);
+  SplitMixRng rng(seed);
   for (std::size_t j = d - k; j < d; ++j) {
     const auto t = static_cast<std::size_t>(rng.below(j + 1));
     taken[taken[t] ? j : t] = true;

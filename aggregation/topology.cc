@@ -7,7 +7,7 @@
 #include <string>
 
 #include "cohort/core/error.h"
-#include "random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::aggregation {
 
@@ -310,7 +310,7 @@ class RandomRegular final : public Topology {
                         " nodes (need degree < n and n * degree even)");
     }
     // Pairing model: random matching of n*d half-edges, rejected until simple and connected.
-    detail::Rng rng(detail::derive_seed(seed_, n, degree_));
+    SplitMixRng rng(derive_seed(seed_, n, degree_));
     for (int attempt = 0; attempt < 10000; ++attempt) {
       std::vector<Rank> stubs;
       for (Rank i = 0; i < n; ++i) stubs.insert(stubs.end(), degree_, i);
@@ -340,7 +340,7 @@ class RandomMatching final : public Topology {
   std::string_view name() const override { return "time_varying"; }
   bool time_varying() const override { return true; }
   MixingMatrix mixing(Rank n, std::uint64_t step) const override {
-    detail::Rng rng(detail::derive_seed(seed_, step, n));
+    SplitMixRng rng(derive_seed(seed_, step, n));
     std::vector<Rank> order(n);
     for (Rank i = 0; i < n; ++i) order[i] = i;
     for (std::size_t k = order.size(); k > 1; --k) std::swap(order[k - 1], order[rng.below(k)]);

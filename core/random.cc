@@ -1,4 +1,4 @@
-#include "cohort/client/random.h"
+#include "cohort/core/random.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,19 +6,10 @@
 
 #include "cohort/core/error.h"
 
-namespace cohort::client {
+namespace cohort {
 namespace {
 
-std::uint64_t splitmix64(std::uint64_t& x) {
-  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-__extension__ using Uint128 = unsigned __int128;  // GCC and Clang; silences -Wpedantic
 
 }  // namespace
 
@@ -46,20 +37,9 @@ std::uint64_t Rng::next() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
 std::uint64_t Rng::below(std::uint64_t n) {
   COHORT_CHECK(n > 0) << "Rng::below(0)";
-  Uint128 m = static_cast<Uint128>(next()) * n;
-  auto low = static_cast<std::uint64_t>(m);
-  if (low < n) {
-    const std::uint64_t threshold = (0 - n) % n;
-    while (low < threshold) {
-      m = static_cast<Uint128>(next()) * n;
-      low = static_cast<std::uint64_t>(m);
-    }
-  }
-  return static_cast<std::uint64_t>(m >> 64);
+  return random_detail::below(*this, n);
 }
 
 double Rng::normal() {
@@ -120,4 +100,4 @@ std::vector<double> Rng::dirichlet(std::size_t n, double alpha, const std::vecto
   return p;
 }
 
-}  // namespace cohort::client
+}  // namespace cohort
