@@ -11,7 +11,7 @@
 #include "cohort/aggregation/error_feedback.h"
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/error.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 using namespace cohort::aggregation;
 using cohort::aggregation::testing::TestRng;

@@ -5,7 +5,7 @@
 #include "cohort/aggregation/registries.h"
 #include "cohort/aggregation/robust.h"
 #include "cohort/core/error.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 using namespace cohort::aggregation;
 using cohort::aggregation::testing::run_round;

@@ -1,4 +1,5 @@
-// Built-in client selectors: uniform, weighted, availability_aware, poisson.
+// The client selector registry and the built-in selectors: uniform, weighted, availability_aware,
+// poisson.
 #include "cohort/aggregation/client_selector.h"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "../registry_detail.h"
 #include "cohort/core/error.h"
 #include "cohort/core/random.h"
 
@@ -104,6 +106,18 @@ class PoissonSelector final : public ClientSelector {
 };
 
 }  // namespace
+
+void ClientSelectorRegistry::add(std::string name, ClientSelectorFactory factory) {
+  detail::add_factory(factories_, std::move(name), std::move(factory), "client selector");
+}
+std::unique_ptr<ClientSelector> ClientSelectorRegistry::create(std::string_view name,
+                                                               const ConfigSection& options) const {
+  return detail::create_from(factories_, name, options, "client selector");
+}
+bool ClientSelectorRegistry::contains(std::string_view name) const {
+  return factories_.contains(name);
+}
+std::string ClientSelectorRegistry::names() const { return detail::joined_names(factories_); }
 
 void add_builtin_client_selectors(ClientSelectorRegistry& registry) {
   registry.add("uniform", [](const ConfigSection& o) {

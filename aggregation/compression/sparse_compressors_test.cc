@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "cohort/aggregation/registries.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 using namespace cohort::aggregation;
 using cohort::aggregation::testing::TestRng;

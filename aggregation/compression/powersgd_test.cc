@@ -6,7 +6,7 @@
 
 #include "cohort/aggregation/error_feedback.h"
 #include "cohort/aggregation/registries.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 using namespace cohort::aggregation;
 using cohort::aggregation::testing::TestRng;

@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "cohort/core/error.h"
-#include "test_util.h"
+#include "../test_util.h"
 
 using namespace cohort::aggregation;
 using namespace cohort::aggregation::secagg;
