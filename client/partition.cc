@@ -6,9 +6,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "cohort/client/random.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/random.h"
 
 namespace cohort::client {
 namespace {

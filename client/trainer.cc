@@ -7,8 +7,8 @@
 #include <numeric>
 #include <sstream>
 
-#include "cohort/client/random.h"
 #include "cohort/core/error.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/loss.h"
 
 namespace cohort::client {

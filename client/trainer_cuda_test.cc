@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "cohort/kernels/model_zoo.h"
-#include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/device.h"
 #include "skip.h"
 

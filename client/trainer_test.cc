@@ -11,8 +11,8 @@
 
 #include "cohort/client/idx.h"
 #include "cohort/kernels/model_zoo.h"
-#include "cohort/client/random.h"
 #include "cohort/core/error.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
 

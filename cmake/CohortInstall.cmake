@@ -16,9 +16,12 @@ set(COHORT_PLUGIN_ABI ${CMAKE_MATCH_1})
 # Library targets, exported as Cohort::<name>. cohort_warnings and cohort_options are INTERFACE
 # targets the libraries link (options carries -march=native and sanitizer flags, which the
 # consumer's link must repeat); transport_security and checkpoint are static libraries the
-# public ones link privately, so a consumer's link needs them too.
+# public ones link privately, so a consumer's link needs them too. rules, compression, privacy,
+# selection and collectives are the libraries under aggregation/ that cohort_aggregation links
+# publicly (aggregation/CMakeLists.txt).
 set(COHORT_EXPORTED_LIBRARIES
-  warnings options core transport_security transport kernels aggregation checkpoint server client)
+  warnings options core transport_security transport kernels
+  rules compression privacy selection collectives aggregation checkpoint server client)
 foreach(name IN LISTS COHORT_EXPORTED_LIBRARIES)
   set_target_properties(cohort_${name} PROPERTIES EXPORT_NAME ${name})
 endforeach()
@@ -43,8 +46,11 @@ foreach(bin cohort-server cohort-client cohort-keygen cohort-sim cohort-decentra
   endif()
 endforeach()
 
-# Every public header folder: <folder>/include/cohort/<folder>/... lands in include/cohort/...
-foreach(dir core transport transport/security kernels aggregation server server/checkpoint client)
+# Every public header folder: <folder>/include/cohort/<name>/... lands in include/cohort/<name>/...
+# (aggregation's subfolders all hold include/cohort/aggregation/).
+foreach(dir core transport transport/security kernels
+    aggregation aggregation/rules aggregation/compression aggregation/privacy aggregation/selection
+    aggregation/collectives server server/checkpoint client)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
     FILES_MATCHING PATTERN "*.h")
 endforeach()

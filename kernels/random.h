@@ -1,9 +1,12 @@
 // Counter-based random numbers shared by the CPU and CUDA kernels: the value for element j is a
 // pure function of (key, j), so results do not depend on threads, launch shapes or the device.
-// SplitMix64 (Steele et al., 2014): passes BigCrush; one multiply-xorshift chain per draw.
+// SplitMix64 (cohort/core/random.h: its mix64, constexpr and so callable from device code under
+// --expt-relaxed-constexpr): passes BigCrush; one multiply-xorshift chain per draw.
 #pragma once
 
 #include <cstdint>
+
+#include "cohort/core/random.h"
 
 #if defined(__CUDACC__)
 #define COHORT_HOST_DEVICE __host__ __device__
@@ -12,14 +15,6 @@
 #endif
 
 namespace cohort::kernels::detail {
-
-inline constexpr std::uint64_t kGoldenGamma = 0x9e3779b97f4a7c15ULL;
-
-COHORT_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // The j-th output of the SplitMix64 stream whose state starts at key.
 COHORT_HOST_DEVICE inline std::uint64_t counter_bits(std::uint64_t key, std::uint64_t j) {
@@ -31,7 +26,8 @@ COHORT_HOST_DEVICE inline float counter_uniform(std::uint64_t key, std::uint64_t
   return static_cast<float>(counter_bits(key, j) >> 40) * (1.0f / 16777216.0f);
 }
 
-// Derives independent stream keys from a user seed and a purpose / step number.
+// Derives independent stream keys from a user seed and a purpose / step number: derive_seed()'s
+// shape (core/random.h) with a constant of its own, so kernel streams never coincide with others.
 COHORT_HOST_DEVICE inline std::uint64_t derive_key(std::uint64_t seed, std::uint64_t a,
                                                    std::uint64_t b = 0) {
   return mix64(mix64(mix64(seed ^ 0x5851f42d4c957f2dULL) + a * kGoldenGamma) + b);

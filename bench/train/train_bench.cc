@@ -20,10 +20,10 @@
 #include "cohort/client/dataset.h"
 #include "cohort/client/idx.h"
 #include "cohort/kernels/model_zoo.h"
-#include "cohort/client/random.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/random.h"
 #include "cohort/kernels/device.h"
 
 namespace {
@@ -51,7 +51,7 @@ const std::map<std::string, std::string>& model_specs() {
 }
 
 Dataset synthetic(std::size_t n) {
-  cohort::client::Rng rng(1);
+  cohort::Rng rng(1);
   cohort::FloatBuffer x(n * 784);
   for (float& v : x) v = static_cast<float>(rng.uniform());
   std::vector<std::int32_t> y(n);

@@ -1,7 +1,7 @@
 // Splitting a dataset across federated clients, IID or not (ALGORITHMS.md section 9).
 //
 // Every partitioner takes the dataset's labels (or its size), the number of clients, its own
-// parameters and a seed; it is deterministic for a seed (client/random.h, no global RNG) and
+// parameters and a seed; it is deterministic for a seed (core/random.h, no global RNG) and
 // returns a disjoint cover of [0, N): each index appears in exactly one client's list. Lists hold
 // row indices into the Dataset, in the order the partitioner produced them.
 //
