@@ -166,6 +166,34 @@ TEST_CASE("federated shard: two-phase close moves the model only on commit") {
   }
 }
 
+TEST_CASE("shard: a restarted coordinator's welcome commits a prepared round it committed, else drops it") {
+  Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
+  std::vector<float> update(kModelSize, 0.25f);
+  f.shard.on_welcome(11, 0);
+  f.shard.open_round(1, {"a"});
+  auto m = testing::push_all("a", f.delta(), 1, 1, update);
+  REQUIRE(f.shard.handle(m));
+  REQUIRE(f.shard.prepare_round(1).ok);
+
+  SUBCASE("the new coordinator committed round 1") {
+    f.shard.on_welcome(22, 1);
+    CHECK(f.shard.last_closed() == 1);
+    CHECK(f.shard.version() == 1);
+  }
+  SUBCASE("the new coordinator is at round 0: round 1 is dropped, to be reopened") {
+    f.shard.on_welcome(22, 0);
+    CHECK(f.shard.last_closed() == 0);
+    CHECK(f.shard.version() == 0);
+    auto resend = testing::push_all("a", f.delta(), 1, 2, update);
+    REQUIRE(f.shard.handle(resend));
+    CHECK(f.last_ack("a").reason == "round 1 has not opened on this shard");
+  }
+  SUBCASE("a welcome from the same coordinator (a reconnect) keeps the round") {
+    f.shard.on_welcome(11, 0);
+    CHECK(f.shard.close_round(1, true) == 1);
+  }
+}
+
 // ---- data-parallel ------------------------------------------------------------------------
 
 transport::Push gradient(const Fixture& f, std::uint64_t clock) {
@@ -252,6 +280,26 @@ TEST_CASE("BSP shard: a step waits for every worker and applies the sum in worke
   }
 }
 
+TEST_CASE("ASP shard: gradients apply as they stream, chunk by chunk, and a pull never waits") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=asp", "server.clients_per_round=2",
+             "server_optimizer.name=sgd", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  std::vector<float> g(kModelSize, 1.0f);
+  auto head = testing::push_chunk("a", gradient(f, 0), 1, 1, g, 0, 3, false);
+  REQUIRE(f.shard.handle(head));
+  auto mid = f.params();
+  CHECK(mid[0] == doctest::Approx(before[0] - 1.0f));  // the first chunk is applied already
+  CHECK(mid[5] == before[5]);
+  CHECK(f.shard.version() == 0);
+  auto tail = testing::push_chunk("a", gradient(f, 0), 1, 1, g, 3, 3, true);
+  REQUIRE(f.shard.handle(tail));
+  CHECK(f.last_ack("a").accepted);
+  CHECK(f.shard.version() == 1);
+  auto far_ahead = pull(f, "a", 10);
+  REQUIRE(f.shard.handle(far_ahead));
+  CHECK(replies_to(f, "a") == 1);
+}
+
 // ---- FedBuff --------------------------------------------------------------------------------
 
 TEST_CASE("FedBuff shard: a step needs K buffered updates, and an abort puts them back") {
@@ -288,13 +336,26 @@ TEST_CASE("FedBuff shard: a step needs K buffered updates, and an abort puts the
   const auto after = f.params();
   for (std::size_t i = 0; i < kModelSize; ++i) CHECK(after[i] == doctest::Approx(before[i] + 2.0f));
 
-  SUBCASE("an update from a future version, and a stale one, are refused") {
+  SUBCASE("an update from a future version is refused") {
     auto future = f.delta();
     future.base_version = 5;
     auto m = testing::push_all("c", future, 3, 3, u1);
     REQUIRE(f.shard.handle(m));
     CHECK(f.last_ack("c").reason == "update from a future version");
   }
+}
+
+TEST_CASE("FedBuff shard: a restarted coordinator puts a prepared step back into the buffer") {
+  Fixture f({"server.mode=fedbuff", "server.buffer_size=1"});
+  std::vector<float> u(kModelSize, 1.0f);
+  f.shard.on_welcome(11, 0);
+  auto m = testing::push_all("a", f.delta(), 1, 1, u);
+  REQUIRE(f.shard.handle(m));
+  REQUIRE(f.shard.prepare_round(1).ok);
+  CHECK(f.shard.buffered() == 0);
+  f.shard.on_welcome(22, 0);
+  CHECK(f.shard.buffered() == 1);
+  CHECK(f.shard.version() == 0);
 }
 
 }  // namespace
