@@ -69,9 +69,13 @@ class Coordinator {
     bool prepared = false;  // answered this close's phase one
   };
 
-  [[nodiscard]] bool federated() const { return modes_.mode == transport::TrainingMode::kFederated; }
+  [[nodiscard]] bool federated() const {
+    return modes_.mode == transport::TrainingMode::kFederated;
+  }
   [[nodiscard]] bool buffered() const { return modes_.mode == transport::TrainingMode::kBuffered; }
-  [[nodiscard]] bool dataparallel() const { return modes_.mode == transport::TrainingMode::kDataParallel; }
+  [[nodiscard]] bool dataparallel() const {
+    return modes_.mode == transport::TrainingMode::kDataParallel;
+  }
 
   void touch(const transport::Message& m);
   [[nodiscard]] bool all_shards_up() const;
@@ -129,7 +133,7 @@ class Coordinator {
   std::uint64_t epoch_ = 0;
   std::uint64_t closing_round_ = 0;  // the round (FedBuff: step) being prepared or closed
   std::size_t closing_updates_ = 0;
-  std::string prepare_failure_;      // the first shard's reason its rule could not aggregate
+  std::string prepare_failure_;  // the first shard's reason its rule could not aggregate
   bool closing_commit_ = false;
   TimePoint close_retry_;
   std::set<NodeId> selected_, completed_;

@@ -4,7 +4,7 @@
 
 #include "coordinator.h"
 #include "shard.h"
-#include "test_outbox.h"
+#include "test_util.h"
 
 namespace cohort::server {
 namespace {
@@ -18,12 +18,13 @@ constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
 
 struct Fixture {
   explicit Fixture(std::vector<std::string> overrides)
-      : config(testing::make_config(std::move(overrides))), registries(builtin_registries()),
+      : config(testing::make_config(std::move(overrides))),
+        registries(builtin_registries()),
         shards(static_cast<std::uint32_t>(config.get_int("server.shards"))),
         shard(config, registries, 0, shards, parse_modes(config), out, nullptr) {
     shard.setup("mlp:2-2", kModelSize);
-    coordinator.emplace(config, parse_modes(config), shard, out, clock, "coordinator", "inproc://test",
-                        metrics);
+    coordinator.emplace(config, parse_modes(config), shard, out, clock, "coordinator",
+                        "inproc://test", metrics);
   }
 
   void deliver(transport::Message m) {
@@ -31,22 +32,28 @@ struct Fixture {
     REQUIRE(coordinator->handle(m));
   }
   void register_client(const NodeId& id) {
-    deliver(testing::message(id, transport::Register{.role = transport::Role::kClient, .dataset_size = 100}));
+    deliver(testing::message(
+        id, transport::Register{.role = transport::Role::kClient, .dataset_size = 100}));
   }
   void register_shard(std::uint32_t index) {
-    deliver(testing::message("shard-" + std::to_string(index),
-                             transport::Register{.role = transport::Role::kShard, .listen_url = "inproc://s",
-                                                 .shard_index = index}));
+    deliver(testing::message(
+        "shard-" + std::to_string(index),
+        transport::Register{
+            .role = transport::Role::kShard, .listen_url = "inproc://s", .shard_index = index}));
   }
   // Client `id` pushes a delta of 0.5 for shard 0's range and reports its round as trained.
   void train(const NodeId& id, std::uint64_t round) {
     std::vector<float> update(shard.size(), 0.5f);
     deliver(testing::push_all(id,
-                              transport::Push{.shard = 0, .begin = shard.begin(), .end = shard.end(),
-                                              .num_samples = 10, .elements = shard.size()},
+                              transport::Push{.shard = 0,
+                                              .begin = shard.begin(),
+                                              .end = shard.end(),
+                                              .num_samples = 10,
+                                              .elements = shard.size()},
                               round, ++seq, update));
-    deliver(testing::message(id, transport::ClientReport{.round = round, .trained = true, .num_samples = 10},
-                             round, ++seq));
+    deliver(testing::message(
+        id, transport::ClientReport{.round = round, .trained = true, .num_samples = 10}, round,
+        ++seq));
   }
   // RoundStarts sent to client `id`.
   std::vector<RoundStart> starts(const NodeId& id) const {
@@ -63,9 +70,10 @@ struct Fixture {
   }
   transport::Message shard_ack(std::uint32_t index, std::uint64_t round, bool prepared, bool ok,
                                std::string reason = "") {
-    return testing::message("shard-" + std::to_string(index),
-                            transport::PushAck{.accepted = ok, .reason = std::move(reason), .prepared = prepared},
-                            round, ++seq);
+    return testing::message(
+        "shard-" + std::to_string(index),
+        transport::PushAck{.accepted = ok, .reason = std::move(reason), .prepared = prepared},
+        round, ++seq);
   }
 
   Config config;
@@ -146,8 +154,9 @@ TEST_CASE("coordinator: a round that failed with too few updates leaves the next
 }
 
 TEST_CASE("coordinator: a round commits on every shard only when every shard prepared it") {
-  Fixture f({"server.mode=federated", "server.shards=2", "server.rounds=3", "server.clients_per_round=1",
-             "server.min_clients=1", "server.round_deadline_ms=1000"});
+  Fixture f({"server.mode=federated", "server.shards=2", "server.rounds=3",
+             "server.clients_per_round=1", "server.min_clients=1",
+             "server.round_deadline_ms=1000"});
   f.register_client("early");  // refused until every shard is up
   CHECK(f.out.count<transport::ErrorBody>() == 1);
   f.register_shard(1);
@@ -199,8 +208,8 @@ TEST_CASE("coordinator: a round commits on every shard only when every shard pre
 }
 
 TEST_CASE("coordinator: FedBuff steps once shard 0 buffers K updates") {
-  Fixture f({"server.mode=fedbuff", "server.rounds=2", "server.buffer_size=2", "server.concurrency=2",
-             "server.min_clients=2"});
+  Fixture f({"server.mode=fedbuff", "server.rounds=2", "server.buffer_size=2",
+             "server.concurrency=2", "server.min_clients=2"});
   f.register_client("a");
   f.register_client("b");
   f.coordinator->tick();

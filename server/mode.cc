@@ -16,7 +16,8 @@ Modes parse_modes(const Config& config) {
   } else if (mode == "dataparallel") {
     m.mode = transport::TrainingMode::kDataParallel;
   } else {
-    throw ConfigError("server.mode must be federated, fedbuff or dataparallel here, got '" + mode + "'");
+    throw ConfigError("server.mode must be federated, fedbuff or dataparallel here, got '" + mode +
+                      "'");
   }
   const std::string consistency = config.get_string("server.consistency");
   if (consistency == "bsp") {

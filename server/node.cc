@@ -61,7 +61,8 @@ class EndpointOutbox final : public Outbox {
  public:
   explicit EndpointOutbox(Endpoint& ep) : ep_(ep) {}
   using Outbox::send;
-  bool send(const transport::PeerHandle& peer, Envelope envelope, transport::Payload payload) override {
+  bool send(const transport::PeerHandle& peer, Envelope envelope,
+            transport::Payload payload) override {
     return ep_.send(peer, std::move(envelope), std::move(payload)).has_value();
   }
 
@@ -77,30 +78,38 @@ std::string check_options(const Config& config, std::uint32_t shards, std::uint3
   std::string name = config.get_string("server.name");
   if (name.empty()) name = "shard-" + std::to_string(index);
   if (index == 0 && name != config.get_string("tls.coordinator_name")) {
-    throw ConfigError("shard 0 is the coordinator, and clients and shards accept only the name "
-                      "tls.coordinator_name = '" + config.get_string("tls.coordinator_name") +
-                      "', but server.name is '" + name + "': set both alike");
+    throw ConfigError(
+        "shard 0 is the coordinator, and clients and shards accept only the name "
+        "tls.coordinator_name = '" +
+        config.get_string("tls.coordinator_name") + "', but server.name is '" + name +
+        "': set both alike");
   }
   if (index > 0 && config.get_string("server.coordinator").empty()) {
-    throw ConfigError("shard " + std::to_string(index) + " needs --coordinator (the url of shard 0)");
+    throw ConfigError("shard " + std::to_string(index) +
+                      " needs --coordinator (the url of shard 0)");
   }
   return name;
 }
 
 // The dp.* options' ranges, and that DP applies to federated rounds only.
 void check_dp_options(const Config& config, Modes modes) {
-  const double dp_clip = config.get_double("dp.clip"), dp_noise = config.get_double("dp.noise_multiplier");
+  const double dp_clip = config.get_double("dp.clip"),
+               dp_noise = config.get_double("dp.noise_multiplier");
   if (!(dp_clip >= 0) || !std::isfinite(dp_clip)) throw ConfigError("dp.clip must be >= 0");
-  if (!(dp_noise >= 0) || !std::isfinite(dp_noise)) throw ConfigError("dp.noise_multiplier must be >= 0");
-  if (dp_noise > 0 && dp_clip == 0) throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
-  if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1)) throw ConfigError("dp.delta must be in (0, 1)");
+  if (!(dp_noise >= 0) || !std::isfinite(dp_noise))
+    throw ConfigError("dp.noise_multiplier must be >= 0");
+  if (dp_noise > 0 && dp_clip == 0)
+    throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
+  if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1))
+    throw ConfigError("dp.delta must be in (0, 1)");
   if (dp_clip > 0 && modes.mode != transport::TrainingMode::kFederated) {
     throw ConfigError("dp.clip applies to server.mode = federated only");
   }
 }
 
 // The listening endpoint's options.
-transport::EndpointOptions listen_options(const Config& config, const std::string& name, ThreadPool& pool) {
+transport::EndpointOptions listen_options(const Config& config, const std::string& name,
+                                          ThreadPool& pool) {
   auto opts = endpoint_options(config, name);
   opts.pool = &pool;
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
@@ -127,11 +136,15 @@ class Node {
  public:
   Node(const Config& config, const Registries& registries, transport::Context& ctx, Modes modes,
        std::uint32_t shards, std::uint32_t index, std::string name, ThreadPool& pool)
-      : config_(config), index_(index), name_(std::move(name)),
-        ep_(Endpoint::bind(ctx, config.get_string("server.listen"), listen_options(config, name_, pool))),
+      : config_(config),
+        index_(index),
+        name_(std::move(name)),
+        ep_(Endpoint::bind(ctx, config.get_string("server.listen"),
+                           listen_options(config, name_, pool))),
         out_(ep_) {
     write_port_file(config.get_string("server.port_file"), ep_.url());
-    COHORT_LOG(Info) << name_ << " listening on " << ep_.url() << (ep_.is_secure() ? " (TLS)" : " (plaintext)");
+    COHORT_LOG(Info) << name_ << " listening on " << ep_.url()
+                     << (ep_.is_secure() ? " (TLS)" : " (plaintext)");
     if (index == 0) metrics_.emplace(config.get_string("server.metrics_file"));
     shard_.emplace(config, registries, index, shards, modes, out_, metrics_ ? &*metrics_ : nullptr);
     if (index == 0) {
@@ -174,8 +187,9 @@ void Node::register_upstream() {
   transport::Register r;
   r.role = transport::Role::kShard;
   r.shard_index = index_;
-  r.listen_url = config_.get_string("server.advertise").empty() ? ep_.url()
-                                                                 : config_.get_string("server.advertise");
+  r.listen_url = config_.get_string("server.advertise").empty()
+                     ? ep_.url()
+                     : config_.get_string("server.advertise");
   Envelope e;
   e.body = r;
   upstream_->send({}, std::move(e));
@@ -194,8 +208,10 @@ bool Node::on_upstream(Message& m) {
     a.round = rc->round;
     if (rc->prepare) {
       auto p = shard.prepare_round(rc->round);
-      a.body = transport::PushAck{.accepted = p.ok, .reason = std::move(p.reason),
-                                  .version = shard.version(), .prepared = true};
+      a.body = transport::PushAck{.accepted = p.ok,
+                                  .reason = std::move(p.reason),
+                                  .version = shard.version(),
+                                  .prepared = true};
     } else {
       const auto v = shard.close_round(rc->round, rc->commit);
       a.body = transport::PushAck{.accepted = true, .reason = "", .version = v, .prepared = false};
@@ -289,7 +305,8 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   std::string name = check_options(config, shards, index);
   const Modes modes = parse_modes(config);
-  (void)kernels::make_network_spec(config.get_string("model.spec")).parameter_count();  // validates the spec early
+  (void)kernels::make_network_spec(config.get_string("model.spec"))
+      .parameter_count();  // validates the spec early
   check_dp_options(config, modes);
   ThreadPool pool(2);
   Node node(config, registries, ctx, modes, shards, index, std::move(name), pool);

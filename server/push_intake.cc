@@ -26,7 +26,8 @@ std::string check_push_shape(const transport::Push& p, std::uint64_t payload_byt
   const std::size_t size = range.size();
   if (p.kind != rules.kind) return std::string(rules.wrong_kind);
   if (rules.dense_only ? compressed : !wire_format(p.encoding)) return "unsupported encoding";
-  if (p.shard != range.index || p.begin != range.begin || p.end != range.end) return "wrong shard range";
+  if (p.shard != range.index || p.begin != range.begin || p.end != range.end)
+    return "wrong shard range";
   if (!compressed) {
     if (payload_bytes != size * sizeof(float)) return std::string(rules.wrong_length);
     return {};

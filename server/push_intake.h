@@ -23,8 +23,8 @@ std::optional<aggregation::WireFormat> wire_format(transport::Encoding e);
 // What a mode takes, and how its refusals are worded (clients and tests match some of them).
 struct PushRules {
   transport::PushKind kind = transport::PushKind::kDelta;
-  std::string_view wrong_kind;                    // the refusal of another kind of push
-  bool dense_only = false;                        // fp32 only (data-parallel gradients)
+  std::string_view wrong_kind;  // the refusal of another kind of push
+  bool dense_only = false;      // fp32 only (data-parallel gradients)
   std::string_view wrong_length = "wrong update length";
   bool name_compressed_size = false;  // a compressed payload out of bounds names its size
 };

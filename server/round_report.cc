@@ -9,9 +9,12 @@ namespace {
 
 std::string human_bytes(double b) {
   char buf[32];
-  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
+  if (b >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f kB", b / 1e3);
   return buf;
 }
 
@@ -33,10 +36,15 @@ bool Line::ready(TimePoint now) const {
   return (!waiting || now > eval_deadline) && (reports >= record.clients || now > reports_deadline);
 }
 
-RoundReport::RoundReport(const Clock& clock, MetricsSink& metrics, bool buffered, std::uint64_t rounds,
-                         double dp_noise, double dp_delta)
-    : clock_(clock), metrics_(metrics), buffered_(buffered), rounds_(rounds), dp_noise_(dp_noise),
-      dp_delta_(dp_delta), started_(clock.now()) {}
+RoundReport::RoundReport(const Clock& clock, MetricsSink& metrics, bool buffered,
+                         std::uint64_t rounds, double dp_noise, double dp_delta)
+    : clock_(clock),
+      metrics_(metrics),
+      buffered_(buffered),
+      rounds_(rounds),
+      dp_noise_(dp_noise),
+      dp_delta_(dp_delta),
+      started_(clock.now()) {}
 
 void RoundReport::queue(Line line) {
   if (buffered_) {
@@ -99,7 +107,8 @@ void RoundReport::print(const Line& line) {
                               : 0;
   char line_text[512];
   char dp[48] = "";
-  if (r.epsilon >= 0) std::snprintf(dp, sizeof dp, " | DP eps %.3g (delta %.0e)", r.epsilon, dp_delta_);
+  if (r.epsilon >= 0)
+    std::snprintf(dp, sizeof dp, " | DP eps %.3g (delta %.0e)", r.epsilon, dp_delta_);
   std::snprintf(line_text, sizeof line_text,
                 "%s %3llu/%llu | %s %zu/%zu | train loss %.4f | test loss %s | "
                 "accuracy %s | %s (up %s) | %.1fs (train %.1fs, comm %.1fs)%s | ETA %.0fs",

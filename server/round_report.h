@@ -39,8 +39,8 @@ struct Line {
   std::uint64_t committed = 0;  // rounds (steps) committed with this one
   RoundRecord record;
   double sampling_rate = 1.0;
-  bool waiting = false;         // for an evaluation
-  std::uint64_t eval_id = 0;    // the RoundStart.round of the evaluation asked for
+  bool waiting = false;       // for an evaluation
+  std::uint64_t eval_id = 0;  // the RoundStart.round of the evaluation asked for
   TimePoint eval_deadline;
   std::optional<transport::ClientReport> eval;
   // FedBuff: the reports of the updates this step averaged (record.clients of them), which
@@ -88,7 +88,7 @@ class RoundReport {
   std::uint64_t rounds_;
   double dp_noise_, dp_delta_;
   TimePoint started_;
-  std::deque<Line> lines_;  // committed rounds not yet printed, oldest first
+  std::deque<Line> lines_;                  // committed rounds not yet printed, oldest first
   std::deque<TaskReport> waiting_reports_;  // FedBuff: reports no step's line has taken yet
   double total_bytes_ = 0, total_uplink_ = 0;
   float last_accuracy_ = 0;

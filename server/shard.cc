@@ -41,16 +41,20 @@ void ShardCore::reply_ack(const Message& m, bool ok, std::string reason) {
 void ShardCore::serve_pull(const Message& m, const transport::Pull& p) {
   if (p.begin < begin || p.end > end || p.begin > p.end) {
     Envelope e;
-    e.body = transport::ErrorBody{.code = transport::ErrorCode::kBadRange,
-                                  .message = "shard " + std::to_string(index) + " owns [" +
-                                             std::to_string(begin) + ", " + std::to_string(end) + ")",
-                                  .ref_seq = m.envelope.seq};
+    e.body =
+        transport::ErrorBody{.code = transport::ErrorCode::kBadRange,
+                             .message = "shard " + std::to_string(index) + " owns [" +
+                                        std::to_string(begin) + ", " + std::to_string(end) + ")",
+                             .ref_seq = m.envelope.seq};
     out.send(m.peer, std::move(e));
     return;
   }
   Envelope e;
   e.round = m.envelope.round;
-  e.body = transport::PullReply{.shard = index, .begin = p.begin, .end = p.end, .version = version,
+  e.body = transport::PullReply{.shard = index,
+                                .begin = p.begin,
+                                .end = p.end,
+                                .version = version,
                                 .encoding = transport::Encoding::kDenseF32};
   auto slice = params.span().subspan(p.begin - begin, p.end - p.begin);
   out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), nullptr});
@@ -67,7 +71,8 @@ void ShardCore::checkpoint() {
   s.version = version;
   s.model_spec = model_spec;
   s.params = params.clone();
-  for (auto& [name, span] : optimizer->state()) s.optimizer_state.emplace_back(name, FloatBuffer(span));
+  for (auto& [name, span] : optimizer->state())
+    s.optimizer_state.emplace_back(name, FloatBuffer(span));
   try {
     store->save(s);
   } catch (const DataError& e) {
@@ -96,7 +101,8 @@ void ShardCore::finish_close(std::uint64_t round, bool commit) {
 }
 
 std::unique_ptr<aggregation::PushDecoder> ShardCore::take_decoder(aggregation::WireFormat format) {
-  if (spare_decoders.empty()) spare_decoders.push_back(std::make_unique<aggregation::PushDecoder>());
+  if (spare_decoders.empty())
+    spare_decoders.push_back(std::make_unique<aggregation::PushDecoder>());
   auto d = std::move(spare_decoders.back());
   spare_decoders.pop_back();
   d->reset(size(), format);
@@ -115,7 +121,8 @@ std::unique_ptr<ShardMode> make_mode(ShardCore& core, Modes modes) {
   switch (modes.mode) {
     case transport::TrainingMode::kFederated: return make_federated_mode(core);
     case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core);
-    case transport::TrainingMode::kDataParallel: return make_dataparallel_mode(core, modes.consistency);
+    case transport::TrainingMode::kDataParallel:
+      return make_dataparallel_mode(core, modes.consistency);
   }
   throw ConfigError("unknown training mode");
 }
@@ -124,7 +131,9 @@ std::unique_ptr<ShardMode> make_mode(ShardCore& core, Modes modes) {
 
 Shard::Shard(const Config& config, const Registries& registries, std::uint32_t index,
              std::uint32_t shards, Modes modes, Outbox& out, MetricsSink* metrics)
-    : registries_(registries), modes_(modes), core_(config, out, index, shards, metrics),
+    : registries_(registries),
+      modes_(modes),
+      core_(config, out, index, shards, metrics),
       mode_(make_mode(core_, modes)) {}
 
 Shard::~Shard() = default;
@@ -154,7 +163,8 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
       c.last_closed = state->round;
       for (auto& [name, buf] : state->optimizer_state) {
         for (auto& [slot, span] : c.optimizer->state()) {
-          if (slot == name && span.size() == buf.size()) std::copy(buf.begin(), buf.end(), span.begin());
+          if (slot == name && span.size() == buf.size())
+            std::copy(buf.begin(), buf.end(), span.begin());
         }
       }
       COHORT_LOG(Info) << "shard " << c.index << ": resumed from checkpoint at round "
@@ -163,8 +173,8 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
     }
   }
   FloatBuffer full(model_size);
-  kernels::make_network_spec(model_spec).initialize(
-      static_cast<std::uint64_t>(c.config.get_int("model.seed")), full.span());
+  kernels::make_network_spec(model_spec)
+      .initialize(static_cast<std::uint64_t>(c.config.get_int("model.seed")), full.span());
   c.params = FloatBuffer(full.span().subspan(c.begin, size()));
   COHORT_LOG(Info) << "shard " << c.index << ": owns [" << c.begin << ", " << c.end << ") of "
                    << model_size << " parameters";
@@ -214,12 +224,13 @@ void Shard::on_welcome(std::uint64_t epoch, std::uint64_t committed) {
   const bool rounds = modes_.mode != transport::TrainingMode::kDataParallel;
   if (rounds && committed == core_.last_closed + 1 && core_.prepared_round == committed &&
       core_.prepared.ok) {
-    COHORT_LOG(Info) << "shard " << core_.index << ": the coordinator restarted having committed round "
-                     << committed << ", which this shard had prepared: committing it";
+    COHORT_LOG(Info) << "shard " << core_.index
+                     << ": the coordinator restarted having committed round " << committed
+                     << ", which this shard had prepared: committing it";
     (void)close_round(committed, true);
   } else if (rounds && committed != core_.last_closed) {
-    COHORT_LOG(Warn) << "shard " << core_.index << ": the coordinator restarted at round " << committed
-                     << ", this shard's model is at round " << core_.last_closed
+    COHORT_LOG(Warn) << "shard " << core_.index << ": the coordinator restarted at round "
+                     << committed << ", this shard's model is at round " << core_.last_closed
                      << " (checkpoints taken at different rounds?)";
   }
   mode_->on_coordinator_restart();

@@ -22,8 +22,8 @@ class Shard {
  public:
   // Shard `index` of `shards`, in `modes`, answering through `out`. `metrics` may be null
   // (only shard 0 writes metrics). Reads server.*, dp.*, [aggregator] and [server_optimizer].
-  Shard(const Config& config, const Registries& registries, std::uint32_t index, std::uint32_t shards,
-        Modes modes, Outbox& out, MetricsSink* metrics);
+  Shard(const Config& config, const Registries& registries, std::uint32_t index,
+        std::uint32_t shards, Modes modes, Outbox& out, MetricsSink* metrics);
   ~Shard();
 
   // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.

@@ -67,8 +67,8 @@ struct ShardCore {
   std::string model_spec;
   FloatBuffer params;
   std::uint64_t version = 0;
-  std::uint64_t committed = 0;    // rounds committed by this process (checkpoint cadence)
-  std::uint64_t last_closed = 0;  // the last round (FedBuff: step) closed
+  std::uint64_t committed = 0;       // rounds committed by this process (checkpoint cadence)
+  std::uint64_t last_closed = 0;     // the last round (FedBuff: step) closed
   std::uint64_t prepared_round = 0;  // the round (FedBuff: step) prepare_round() answered for
   Prepared prepared;
   std::string aggregator_name;

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "shard.h"
-#include "test_outbox.h"
+#include "test_util.h"
 
 namespace cohort::server {
 namespace {
@@ -15,15 +15,21 @@ using transport::PushAck;
 constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
 
 struct Fixture {
-  explicit Fixture(std::vector<std::string> overrides, std::uint32_t index = 0, std::uint32_t shards = 1)
-      : config(testing::make_config(std::move(overrides))), registries(builtin_registries()),
+  explicit Fixture(std::vector<std::string> overrides, std::uint32_t index = 0,
+                   std::uint32_t shards = 1)
+      : config(testing::make_config(std::move(overrides))),
+        registries(builtin_registries()),
         shard(config, registries, index, shards, parse_modes(config), out, nullptr) {
     shard.setup("mlp:2-2", kModelSize);
   }
   // A delta push of the whole range (one shard).
   transport::Push delta(std::uint64_t samples = 10) const {
-    return transport::Push{.shard = 0, .begin = shard.begin(), .end = shard.end(), .num_samples = samples,
-                           .kind = transport::PushKind::kDelta, .elements = shard.size()};
+    return transport::Push{.shard = 0,
+                           .begin = shard.begin(),
+                           .end = shard.end(),
+                           .num_samples = samples,
+                           .kind = transport::PushKind::kDelta,
+                           .elements = shard.size()};
   }
   // The last PushAck sent, to `sender`.
   PushAck last_ack(const NodeId& sender) const {
@@ -42,7 +48,9 @@ struct Fixture {
   Shard shard;
 };
 
-TEST_CASE("federated shard: late, duplicate, wrong-round and unselected pushes get a refusal with a reason") {
+TEST_CASE(
+    "federated shard: late, duplicate, wrong-round and unselected pushes get a refusal with a "
+    "reason") {
   Fixture f({"server.mode=federated"});
   std::vector<float> update(kModelSize, 0.5f);
   f.shard.open_round(1, {"a", "b"});
@@ -87,7 +95,7 @@ TEST_CASE("federated shard: late, duplicate, wrong-round and unselected pushes g
   SUBCASE("a push for another round than the open one") {
     f.shard.open_round(2, {"a", "b"});  // round 1's pushes still stream: round 1 stays open
     auto m1 = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, false);
-    f.shard.open_round(1, {"a"});       // ignored: older than the selection's round
+    f.shard.open_round(1, {"a"});  // ignored: older than the selection's round
     REQUIRE(f.shard.handle(m1));
     CHECK(f.out.count<PushAck>() == 0);
     auto m2 = testing::push_all("b", f.delta(), 2, 1, update);
@@ -105,7 +113,9 @@ TEST_CASE("federated shard: late, duplicate, wrong-round and unselected pushes g
   }
 }
 
-TEST_CASE("federated shard: the last chunk of an update whose round was dropped mid-transfer is refused") {
+TEST_CASE(
+    "federated shard: the last chunk of an update whose round was dropped mid-transfer is "
+    "refused") {
   Fixture f({"server.mode=federated"});
   std::vector<float> update(kModelSize, 0.5f);
   f.shard.open_round(1, {"a"});
@@ -146,11 +156,12 @@ TEST_CASE("federated shard: two-phase close moves the model only on commit") {
     const auto p = f.shard.prepare_round(1);
     CHECK(p.ok);
     CHECK(f.shard.prepare_round(1).ok);  // a retry answers the same
-    CHECK(f.params() == before);          // nothing applied in phase one
+    CHECK(f.params() == before);         // nothing applied in phase one
     CHECK(f.shard.version() == 0);
     CHECK(f.shard.close_round(1, true) == 1);
     const auto after = f.params();
-    for (std::size_t i = 0; i < kModelSize; ++i) CHECK(after[i] == doctest::Approx(before[i] + 0.25f));
+    for (std::size_t i = 0; i < kModelSize; ++i)
+      CHECK(after[i] == doctest::Approx(before[i] + 0.25f));
     CHECK(f.shard.close_round(1, true) == 1);  // a repeated close is a no-op
     CHECK(f.params() == after);
   }
@@ -166,7 +177,9 @@ TEST_CASE("federated shard: two-phase close moves the model only on commit") {
   }
 }
 
-TEST_CASE("shard: a restarted coordinator's welcome commits a prepared round it committed, else drops it") {
+TEST_CASE(
+    "shard: a restarted coordinator's welcome commits a prepared round it committed, else drops "
+    "it") {
   Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
   std::vector<float> update(kModelSize, 0.25f);
   f.shard.on_welcome(11, 0);
@@ -197,23 +210,30 @@ TEST_CASE("shard: a restarted coordinator's welcome commits a prepared round it 
 // ---- data-parallel ------------------------------------------------------------------------
 
 transport::Push gradient(const Fixture& f, std::uint64_t clock) {
-  return transport::Push{.shard = 0, .begin = f.shard.begin(), .end = f.shard.end(),
-                         .kind = transport::PushKind::kGradient, .clock = clock};
+  return transport::Push{.shard = 0,
+                         .begin = f.shard.begin(),
+                         .end = f.shard.end(),
+                         .kind = transport::PushKind::kGradient,
+                         .clock = clock};
 }
 
 transport::Message pull(const Fixture& f, const NodeId& worker, std::uint64_t clock) {
-  return testing::message(worker, transport::Pull{.shard = 0, .begin = f.shard.begin(), .end = f.shard.end(),
-                                                  .min_version = clock});
+  return testing::message(
+      worker,
+      transport::Pull{
+          .shard = 0, .begin = f.shard.begin(), .end = f.shard.end(), .min_version = clock});
 }
 
 // PullReplies sent to `worker`.
 std::size_t replies_to(const Fixture& f, const NodeId& worker) {
   std::size_t n = 0;
-  for (const auto& [sent, reply] : f.out.of<transport::PullReply>()) n += sent.peer == "peer:" + worker ? 1 : 0;
+  for (const auto& [sent, reply] : f.out.of<transport::PullReply>())
+    n += sent.peer == "peer:" + worker ? 1 : 0;
   return n;
 }
 
-TEST_CASE("SSP shard: a pull is answered only while the puller's clock is within s of the slowest") {
+TEST_CASE(
+    "SSP shard: a pull is answered only while the puller's clock is within s of the slowest") {
   Fixture f({"server.mode=dataparallel", "server.consistency=ssp", "server.staleness=1",
              "server.clients_per_round=2"});
   std::vector<float> g(kModelSize, 0.1f);

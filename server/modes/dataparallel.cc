@@ -22,10 +22,12 @@ using transport::Message;
 
 class DataParallelMode final : public ShardMode {
  public:
-  DataParallelMode(ShardCore& core, Consistency consistency) : core_(core), consistency_(consistency) {
-    staleness_bound_ =
-        static_cast<std::uint64_t>(std::max<std::int64_t>(0, core.config.get_int("server.staleness")));
-    workers_ = static_cast<std::size_t>(std::max<std::int64_t>(1, core.config.get_int("server.clients_per_round")));
+  DataParallelMode(ShardCore& core, Consistency consistency)
+      : core_(core), consistency_(consistency) {
+    staleness_bound_ = static_cast<std::uint64_t>(
+        std::max<std::int64_t>(0, core.config.get_int("server.staleness")));
+    workers_ = static_cast<std::size_t>(
+        std::max<std::int64_t>(1, core.config.get_int("server.clients_per_round")));
   }
 
   void on_pull(Message& m, const transport::Pull& p) override {
@@ -122,7 +124,8 @@ bool DataParallelMode::start(const Message& m, const transport::Push& p, const s
                                     .wrong_length = "wrong gradient length"};
   std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
   if (why.empty() && p.clock != clocks_[m.sender]) {
-    why = "gradient for clock " + std::to_string(p.clock) + ", expected " + std::to_string(clocks_[m.sender]);
+    why = "gradient for clock " + std::to_string(p.clock) + ", expected " +
+          std::to_string(clocks_[m.sender]);
   }
   if (!why.empty()) {
     core_.reply_ack(m, false, why);
@@ -180,7 +183,8 @@ void DataParallelMode::on_whole_gradient_chunk(Message& m, const std::string& ke
   // Copied and checked for NaN/Inf in one pass, chunk by chunk, while the data is hot.
   const std::span<const float> values(reinterpret_cast<const float*>(bytes.data()),
                                       bytes.size() / sizeof(float));
-  if (!kernels::copy_finite(values, it->second.span().subspan(m.offset / sizeof(float), values.size()))) {
+  if (!kernels::copy_finite(values,
+                            it->second.span().subspan(m.offset / sizeof(float), values.size()))) {
     spare_.push_back(std::move(it->second));
     gradients_.erase(it);
     if (!m.complete) rejected_transfers_.insert(key);  // drop the rest of this transfer
@@ -250,7 +254,8 @@ void DataParallelMode::on_streamed_gradient_chunk(Message& m, const std::string&
       core_.reply_ack(m, false, "gradient has non-finite values");
       return;
     }
-    core_.optimizer->apply_gradient_range(base + at, core_.params.span().subspan(base + at, block.size()), block);
+    core_.optimizer->apply_gradient_range(
+        base + at, core_.params.span().subspan(base + at, block.size()), block);
   }
   m.payload = PooledBuffer{};  // the frame goes back now, while it is warm
   if (!m.complete) return;

@@ -22,7 +22,8 @@ class FedBuffMode final : public ShardMode {
  public:
   explicit FedBuffMode(ShardCore& core) : core_(core) {
     max_staleness_ = core.config.get_int("server.max_staleness");
-    buffer_k_ = static_cast<std::size_t>(std::max<std::int64_t>(1, core.config.get_int("server.buffer_size")));
+    buffer_k_ = static_cast<std::size_t>(
+        std::max<std::int64_t>(1, core.config.get_int("server.buffer_size")));
   }
 
   void on_pull(Message& m, const transport::Pull& p) override { core_.serve_pull(m, p); }
@@ -33,8 +34,9 @@ class FedBuffMode final : public ShardMode {
   // coordinator puts the buffers back and asks again shortly.
   void prepare(std::uint64_t /*step*/) override {
     if (buffered_ < buffer_k_) {
-      core_.prepared.reason = "shard " + std::to_string(core_.index) + " holds " + std::to_string(buffered_) +
-                              " of " + std::to_string(buffer_k_) + " updates";
+      core_.prepared.reason = "shard " + std::to_string(core_.index) + " holds " +
+                              std::to_string(buffered_) + " of " + std::to_string(buffer_k_) +
+                              " updates";
       return;
     }
     prepared_sum_.swap(buffer_sum_);
@@ -55,7 +57,8 @@ class FedBuffMode final : public ShardMode {
     if (commit) {
       if (delta_.size() != size) delta_ = FloatBuffer(size);
       const double inv_k = 1.0 / static_cast<double>(prepared_count_);
-      for (std::size_t i = 0; i < size; ++i) delta_[i] = static_cast<float>(prepared_sum_[i] * inv_k);
+      for (std::size_t i = 0; i < size; ++i)
+        delta_[i] = static_cast<float>(prepared_sum_[i] * inv_k);
       core_.optimizer->apply_delta(core_.params.span(), delta_.span());
       ++core_.version;
       core_.last_closed = step;
@@ -124,7 +127,8 @@ bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::s
   if (buffer_sum_.size() != core_.size()) buffer_sum_.assign(core_.size(), 0.0);
   BufferedTask task;
   task.weight = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
-  if (p.encoding != transport::Encoding::kDenseF32) task.decoder = core_.take_decoder(*wire_format(p.encoding));
+  if (p.encoding != transport::Encoding::kDenseF32)
+    task.decoder = core_.take_decoder(*wire_format(p.encoding));
   buffered_tasks_[key] = std::move(task);
   return true;
 }
@@ -150,7 +154,8 @@ void FedBuffMode::on_push(Message& m, const transport::Push& p) {
         return false;
       }
     }
-    for (std::size_t i = 0; i < v.size(); ++i) buffer_sum_[first + i] += w * static_cast<double>(v[i]);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      buffer_sum_[first + i] += w * static_cast<double>(v[i]);
     return true;
   };
   if (!decode_chunk(m, it->second.decoder.get(), core_.decode_scratch, fold, why)) {

@@ -24,7 +24,8 @@ class FederatedMode final : public ShardMode {
     dp_noise_ = core.config.get_double("dp.noise_multiplier");
     dp_seed_ = static_cast<std::uint64_t>(core.config.get_int("dp.seed"));
     // Each shard draws its own noise: a seed shared by the shards would correlate their ranges.
-    if (dp_seed_ == 0) dp_seed_ = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    if (dp_seed_ == 0)
+      dp_seed_ = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   }
 
   void on_pull(Message& m, const transport::Pull& p) override { core_.serve_pull(m, p); }
@@ -114,7 +115,8 @@ class FederatedMode final : public ShardMode {
   // Buffers of finished transfers go back to the pools, so pushes never allocate.
   void release(Transfer& t) {
     core_.give_back(std::move(t.decoder));
-    if (!t.whole.empty() && t.whole.size() == core_.size()) spare_updates_.push_back(std::move(t.whole));
+    if (!t.whole.empty() && t.whole.size() == core_.size())
+      spare_updates_.push_back(std::move(t.whole));
     t.whole = FloatBuffer();
   }
 
@@ -144,9 +146,12 @@ std::string FederatedMode::refusal(const Message& m, const transport::Push& p) c
   std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
   if (!why.empty()) return why;
   const std::uint64_t round = m.envelope.round;
-  if (round <= core_.last_closed) return "round " + std::to_string(round) + " is closed (late push)";
-  if (round > selection_round_) return "round " + std::to_string(round) + " has not opened on this shard";
-  if (!selection_.contains(m.sender)) return m.sender + " was not selected for round " + std::to_string(round);
+  if (round <= core_.last_closed)
+    return "round " + std::to_string(round) + " is closed (late push)";
+  if (round > selection_round_)
+    return "round " + std::to_string(round) + " has not opened on this shard";
+  if (!selection_.contains(m.sender))
+    return m.sender + " was not selected for round " + std::to_string(round);
   if (open_round_ != 0 && round != open_round_) return "push for another round";
   if (pushed_.contains(m.sender)) return "duplicate push for this round";
   if (p.num_samples == 0) return "zero samples";
@@ -163,14 +168,16 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
     // acknowledge it again and ignore its bytes, so it counts once and is applied once.
     t.rejected = true;
     core_.reply_ack(m, true, "");
-    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender << " resent its update for round "
-                     << round << ", already applied: acknowledged again";
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its update for round " << round
+                     << ", already applied: acknowledged again";
     return t;
   }
   if (!why.empty()) {
     t.rejected = true;
     core_.reply_ack(m, false, why);
-    COHORT_LOG(Info) << "shard " << core_.index << ": refused push from " << m.sender << ": " << why;
+    COHORT_LOG(Info) << "shard " << core_.index << ": refused push from " << m.sender << ": "
+                     << why;
     return t;
   }
   if (open_round_ == 0) {
@@ -180,7 +187,8 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
   pushed_.insert(m.sender);
   // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean.
   t.weight = dp_clip_ > 0 ? 1.0 : static_cast<double>(p.num_samples);
-  if (p.encoding != transport::Encoding::kDenseF32) t.decoder = core_.take_decoder(*wire_format(p.encoding));
+  if (p.encoding != transport::Encoding::kDenseF32)
+    t.decoder = core_.take_decoder(*wire_format(p.encoding));
   if (!core_.aggregator->is_streaming() || dp_clip_ > 0) {
     if (spare_updates_.empty()) spare_updates_.emplace_back(core_.size());
     t.whole = std::move(spare_updates_.back());
@@ -201,7 +209,8 @@ bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
       }
       return true;
     }
-    if (core_.aggregator->accept({t.client, offset, values, t.weight}) == aggregation::Verdict::kRejected) {
+    if (core_.aggregator->accept({t.client, offset, values, t.weight}) ==
+        aggregation::Verdict::kRejected) {
       why = "non-finite values or bad shape";
       return false;
     }
@@ -212,7 +221,8 @@ bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
     // Each range is clipped to S as well: a client that skipped client.dp_clip is bounded by
     // S per shard (S sqrt(shards) in all); one that clipped is unchanged.
     if (dp_clip_ > 0) (void)aggregation::clip_l2(t.whole.span(), dp_clip_);
-    if (core_.aggregator->accept({t.client, 0, t.whole.span(), t.weight}) == aggregation::Verdict::kRejected) {
+    if (core_.aggregator->accept({t.client, 0, t.whole.span(), t.weight}) ==
+        aggregation::Verdict::kRejected) {
       why = "non-finite values or bad shape";
       return false;
     }
@@ -228,12 +238,14 @@ bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
 void FederatedMode::on_push(Message& m, const transport::Push& p) {
   const std::string key = m.sender + "#" + std::to_string(m.envelope.seq);
   auto it = transfers_.find(key);
-  if (m.offset == 0 && it == transfers_.end()) it = transfers_.emplace(key, start_transfer(m, p)).first;
+  if (m.offset == 0 && it == transfers_.end())
+    it = transfers_.emplace(key, start_transfer(m, p)).first;
   if (it == transfers_.end()) {
     // A chunk of a transfer this shard no longer holds: its round closed or was dropped while
     // the update streamed in. The sender still waits for an answer: its last chunk gets one.
     if (m.complete) {
-      core_.reply_ack(m, false, "round " + std::to_string(m.envelope.round) + " closed during the transfer");
+      core_.reply_ack(m, false,
+                      "round " + std::to_string(m.envelope.round) + " closed during the transfer");
       COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender << "'s update for round "
                        << m.envelope.round << " arrived after its round closed: refused";
     }
@@ -247,7 +259,8 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
     core_.aggregator->end_update(t.client, false);
     release(t);
     core_.reply_ack(m, false, why);
-    COHORT_LOG(Warn) << "shard " << core_.index << ": refused the update of " << m.sender << ": " << why;
+    COHORT_LOG(Warn) << "shard " << core_.index << ": refused the update of " << m.sender << ": "
+                     << why;
     return;
   }
   if (m.complete) {

@@ -27,7 +27,8 @@ class RecordingOutbox final : public Outbox {
   using Outbox::send;
   bool send(const transport::PeerHandle& peer, transport::Envelope envelope,
             transport::Payload payload) override {
-    sent.push_back({.peer = peer, .envelope = std::move(envelope),
+    sent.push_back({.peer = peer,
+                    .envelope = std::move(envelope),
                     .payload = {payload.bytes.begin(), payload.bytes.end()}});
     return !gone.contains(peer);
   }
@@ -41,7 +42,9 @@ class RecordingOutbox final : public Outbox {
     return out;
   }
   template <typename T>
-  [[nodiscard]] std::size_t count() const { return of<T>().size(); }
+  [[nodiscard]] std::size_t count() const {
+    return of<T>().size();
+  }
 
   std::vector<Sent> sent;
   std::set<transport::PeerHandle> gone;  // sends to these fail (the peer's connection is gone)
@@ -54,8 +57,8 @@ inline Config make_config(std::vector<std::string> overrides) {
 }
 
 // A message as node.cc hands it over: from `sender` (peer handle "peer:<sender>").
-inline transport::Message message(const NodeId& sender, transport::Body body, std::uint64_t round = 0,
-                                  std::uint64_t seq = 1) {
+inline transport::Message message(const NodeId& sender, transport::Body body,
+                                  std::uint64_t round = 0, std::uint64_t seq = 1) {
   transport::Message m;
   m.peer = "peer:" + sender;
   m.sender = sender;
@@ -68,15 +71,17 @@ inline transport::Message message(const NodeId& sender, transport::Body body, st
 
 // Lends `bytes` as a received payload (the test keeps them alive while the message lives).
 inline PooledBuffer lend(std::span<float> values) {
-  return PooledBuffer::wrap(reinterpret_cast<std::byte*>(values.data()), values.size_bytes(),
-                            [](void*) noexcept {}, nullptr);
+  return PooledBuffer::wrap(
+      reinterpret_cast<std::byte*>(values.data()), values.size_bytes(), [](void*) noexcept {},
+      nullptr);
 }
 
 // Chunk [first, first + n) of a dense fp32 push of `values` (all of it when n is the size),
 // with envelope.payload_bytes of the whole transfer.
 inline transport::Message push_chunk(const NodeId& sender, const transport::Push& push,
-                                     std::uint64_t round, std::uint64_t seq, std::span<float> values,
-                                     std::size_t first, std::size_t n, bool complete) {
+                                     std::uint64_t round, std::uint64_t seq,
+                                     std::span<float> values, std::size_t first, std::size_t n,
+                                     bool complete) {
   auto m = message(sender, push, round, seq);
   m.envelope.payload_bytes = values.size_bytes();
   m.offset = first * sizeof(float);
@@ -86,8 +91,9 @@ inline transport::Message push_chunk(const NodeId& sender, const transport::Push
 }
 
 // A whole dense push in one message.
-inline transport::Message push_all(const NodeId& sender, const transport::Push& push, std::uint64_t round,
-                                   std::uint64_t seq, std::span<float> values) {
+inline transport::Message push_all(const NodeId& sender, const transport::Push& push,
+                                   std::uint64_t round, std::uint64_t seq,
+                                   std::span<float> values) {
   return push_chunk(sender, push, round, seq, values, 0, values.size(), true);
 }
 
