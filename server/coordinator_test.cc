@@ -225,5 +225,48 @@ TEST_CASE("coordinator: FedBuff steps once shard 0 buffers K updates") {
   CHECK(f.shard.buffered() == 0);
 }
 
+TEST_CASE(
+    "coordinator: data-parallel training starts the first workers by name and ends when all "
+    "reported") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=ssp", "server.clients_per_round=2",
+             "server.min_clients=3", "server.steps=7"});
+  f.register_client("w-c");
+  f.register_client("w-b");
+  f.coordinator->tick();
+  CHECK(f.out.count<RoundStart>() == 0);  // 2 of min_clients = 3
+  f.register_client("w-a");
+  f.coordinator->tick();
+  REQUIRE(f.starts("w-a").size() == 1);
+  REQUIRE(f.starts("w-b").size() == 1);
+  CHECK(f.starts("w-c").empty());
+  CHECK(f.starts("w-a")[0].mode == transport::TrainingMode::kDataParallel);
+  CHECK(f.starts("w-a")[0].local_steps == 7);
+  for (const NodeId id : {"w-a", "w-b"}) {
+    f.deliver(
+        testing::message(id, transport::ClientReport{.round = 1, .trained = true}, 1, ++f.seq));
+  }
+  f.coordinator->tick();
+  CHECK(f.coordinator->finished());
+  CHECK(f.out.count<transport::Bye>() == 3);
+}
+
+TEST_CASE("coordinator: a report resent after a reconnect counts once") {
+  Fixture f({"server.mode=federated", "server.rounds=2", "server.clients_per_round=2",
+             "server.min_clients=2", "server.round_deadline_ms=1000"});
+  f.register_client("a");
+  f.register_client("b");
+  f.coordinator->tick();
+  f.train("a", 1);
+  f.deliver(testing::message(
+      "a", transport::ClientReport{.round = 1, .trained = true, .num_samples = 10}, 1, ++f.seq));
+  f.coordinator->tick();
+  CHECK(f.shard.last_closed() == 0);  // b has not reported: a's second report is not b's
+  f.deliver(
+      testing::message("b", transport::ClientReport{.round = 1, .trained = false}, 1, ++f.seq));
+  f.coordinator->tick();
+  CHECK(f.shard.last_closed() == 1);  // everyone reported: the round closes before its deadline
+  CHECK(f.shard.version() == 1);
+}
+
 }  // namespace
 }  // namespace cohort::server
