@@ -1,0 +1,519 @@
+#include "coordinator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/kernels/network.h"
+
+namespace cohort::server {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Envelope;
+using transport::Message;
+
+std::uint64_t rounds_of(const Config& config, Modes modes) {
+  // Data-parallel training is one long task per worker.
+  if (modes.mode == transport::TrainingMode::kDataParallel) return 1;
+  return static_cast<std::uint64_t>(config.get_int("server.rounds"));
+}
+
+// A [train] value as TOML: strings quoted, numbers and bools bare.
+std::string to_string_value(const ConfigSection& s, const std::string& name) {
+  const std::string text = s.get_string(name, "");
+  try {
+    (void)s.get_bool(name, false);
+    return text;
+  } catch (const ConfigError&) {
+  }
+  try {
+    (void)s.get_double(name, 0);
+    return text;
+  } catch (const ConfigError&) {
+  }
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+}  // namespace
+
+Coordinator::Coordinator(const Config& config, Modes modes, Shard& local, Outbox& out,
+                         const Clock& clock, const NodeId& name, const std::string& url,
+                         MetricsSink& metrics)
+    : config_(config),
+      modes_(modes),
+      local_(local),
+      out_(out),
+      clock_(clock),
+      metrics_(metrics),
+      rng_(static_cast<std::uint64_t>(config.get_int("server.seed"))),
+      report_(clock, metrics, modes.mode == transport::TrainingMode::kBuffered,
+              rounds_of(config, modes), config.get_double("dp.noise_multiplier"),
+              config.get_double("dp.delta")) {
+  shards_.resize(static_cast<std::size_t>(config.get_int("server.shards")));
+  shards_[0] = {.up = true, .url = url, .node_id = name, .closed = true};
+  rounds_ = rounds_of(config, modes);
+  per_round_ = static_cast<std::size_t>(config.get_int("server.clients_per_round"));
+  min_clients_ = static_cast<std::size_t>(config.get_int("server.min_clients"));
+  min_updates_ =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
+  max_failed_rounds_ = static_cast<std::uint64_t>(
+      std::max<std::int64_t>(0, config.get_int("server.max_failed_rounds")));
+  deadline_ = std::chrono::milliseconds(config.get_int("server.round_deadline_ms"));
+  eval_every_ =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.eval_every")));
+  overselect_ = config.get_double("server.overselect");
+  weighted_ = config.get_string("server.selection") == "weighted";
+  model_spec_ = config.get_string("model.spec");
+  model_size_ = kernels::make_network_spec(model_spec_).parameter_count();
+  round_ = local.last_closed();
+  committed_ = local.version();
+  started_ = clock_.now();
+  dp_noise_ = config.get_double("dp.noise_multiplier");
+  dp_delta_ = config.get_double("dp.delta");
+  buffer_k_ =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
+  concurrency_ =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.concurrency")));
+  rule_min_ = local.rule_min_updates();
+  // A fresh epoch per coordinator process: shards tell a restart from a reconnect by it.
+  std::random_device rd;
+  epoch_ = ((std::uint64_t{rd()} << 32) ^ rd()) | 1;
+}
+
+bool Coordinator::handle(Message& m) {
+  if (auto* r = std::get_if<transport::Register>(&m.envelope.body)) {
+    on_register(m, *r);
+    return true;
+  }
+  if (auto* r = std::get_if<transport::ClientReport>(&m.envelope.body)) {
+    touch(m);
+    on_report(m, *r);
+    return true;
+  }
+  if (auto* a = std::get_if<transport::PushAck>(&m.envelope.body)) {
+    on_shard_ack(m, *a);
+    return true;
+  }
+  if (std::holds_alternative<transport::Heartbeat>(m.envelope.body)) {
+    touch(m);
+    return true;
+  }
+  if (std::holds_alternative<transport::Bye>(m.envelope.body)) {
+    clients_.erase(m.sender);
+    return true;
+  }
+  return false;
+}
+
+void Coordinator::tick() {
+  const auto now = clock_.now();
+  if (finished_) return;
+  if (state_ == State::kPreparing && now >= close_retry_) resend_prepare();
+  if (state_ == State::kClosing && now >= close_retry_) resend_close();
+  report_.flush(now);
+  switch (modes_.mode) {
+    case transport::TrainingMode::kDataParallel: tick_dataparallel(now); return;
+    case transport::TrainingMode::kBuffered: tick_fedbuff(now); return;
+    case transport::TrainingMode::kFederated: break;
+  }
+  if (tick_federated(now)) sweep_clients(now);
+}
+
+bool Coordinator::tick_federated(TimePoint now) {
+  // Two passes: a round that closes here (every shard acknowledged at once: a single shard)
+  // leaves the coordinator idle, and the next round starts now, not at the next message or
+  // poll timeout (50 ms of nothing between rounds otherwise).
+  for (int pass = 0; pass < 2; ++pass) {
+    if (state_ == State::kIdle && all_shards_up() && committed_ >= rounds_) {
+      finish();
+      return false;
+    }
+    if (state_ == State::kIdle && all_shards_up() && live_clients() >= min_clients_) start_round();
+    if (state_ != State::kRunning) break;
+    const std::size_t done = completed_.size();
+    const bool enough = done >= per_round_;
+    const bool all_reported = reported_ >= selected_.size();
+    if (!(enough || all_reported || now >= round_deadline_)) break;
+    if (done < min_updates_ || done < rule_min_) {
+      const bool rule = done >= min_updates_;
+      round_failed(std::to_string(done) + " complete update(s), fewer than " +
+                   (rule ? "aggregator '" + local_.rule_name() + "' needs (" +
+                               std::to_string(rule_min_) + ")"
+                         : "server.min_updates = " + std::to_string(min_updates_)));
+      if (finished_) return false;
+      close_round(false);
+    } else {
+      // Phase one: every shard's rule computes its aggregate; the round commits only if all could.
+      prepare_close(round_, done);
+    }
+    if (state_ != State::kIdle) break;
+  }
+  return true;
+}
+
+// Clients silent for too long leave the pool (their reconnect re-registers them). The sweep
+// walks every client, so it runs at most every 100 ms, not after every message.
+void Coordinator::sweep_clients(TimePoint now) {
+  const auto timeout = std::chrono::milliseconds(config_.get_int("server.client_timeout_ms"));
+  if (now < next_sweep_) return;
+  next_sweep_ = now + 100ms;
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (now - it->second.last_seen > timeout && !selected_.contains(it->first)) {
+      COHORT_LOG(Info) << "client " << it->first << " timed out";
+      it = clients_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Coordinator::touch(const Message& m) {
+  auto it = clients_.find(m.sender);
+  if (it != clients_.end()) {
+    it->second.last_seen = clock_.now();
+    it->second.peer = m.peer;
+    it->second.reachable = true;
+  }
+}
+
+bool Coordinator::all_shards_up() const {
+  return std::all_of(shards_.begin(), shards_.end(), [](const ShardInfo& s) { return s.up; });
+}
+
+std::size_t Coordinator::live_clients() const {
+  return static_cast<std::size_t>(std::count_if(clients_.begin(), clients_.end(),
+                                                [](const auto& c) { return c.second.reachable; }));
+}
+
+transport::Welcome Coordinator::welcome(std::uint32_t index) const {
+  transport::Welcome w;
+  w.client_index = index;
+  w.model_size = model_size_;
+  w.model_spec = model_spec_;
+  w.heartbeat_ms = static_cast<std::uint32_t>(config_.get_int("server.heartbeat_ms"));
+  for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+    auto [b, e] = shard_range(model_size_, static_cast<std::uint32_t>(shards_.size()), i);
+    w.shards.push_back({i, shards_[i].url, shards_[i].node_id, b, e});
+  }
+  // Client-side training options travel as TOML, from the server's [train] section.
+  std::ostringstream toml;
+  for (const auto& name : config_.section("train").names()) {
+    toml << name << " = " << to_string_value(config_.section("train"), name) << '\n';
+  }
+  w.training_toml = toml.str();
+  w.coordinator_epoch = epoch_;
+  w.current_round = committed_round();
+  return w;
+}
+
+void Coordinator::on_register(const Message& m, const transport::Register& r) {
+  if (r.role == transport::Role::kShard) {
+    if (r.shard_index == 0 || r.shard_index >= shards_.size()) {
+      reply_error(m, "no shard " + std::to_string(r.shard_index) + " in a federation of " +
+                         std::to_string(shards_.size()));
+      return;
+    }
+    auto& s = shards_[r.shard_index];
+    const bool again = s.up;
+    s = {.up = true, .peer = m.peer, .url = r.listen_url, .node_id = m.sender, .closed = false};
+    COHORT_LOG(Info) << (again ? "shard re-registered: " : "shard registered: ") << m.sender
+                     << " at " << r.listen_url;
+    Envelope e;
+    e.body = welcome(r.shard_index);
+    out_.send(m.peer, std::move(e));
+    // A shard that restarted mid-round learns the running round's selection again.
+    if (state_ == State::kRunning && federated()) send_round_open(r.shard_index);
+    if (state_ == State::kPreparing) resend_prepare();
+    if (state_ == State::kClosing) resend_close();
+    return;
+  }
+  if (r.role != transport::Role::kClient) {
+    reply_error(m, "only clients and shards may register");
+    return;
+  }
+  if (!all_shards_up()) {
+    // Not yet: the client retries its registration until the shard map is complete.
+    reply_error(m, "waiting for all shards to start");
+    return;
+  }
+  auto [it, fresh] = clients_.try_emplace(m.sender);
+  it->second.peer = m.peer;
+  it->second.dataset_size = r.dataset_size;
+  it->second.last_seen = clock_.now();
+  it->second.reachable = true;
+  if (fresh) it->second.index = next_client_index_++;
+  COHORT_LOG(Info) << "client " << (fresh ? "registered: " : "re-registered: ") << m.sender << " ("
+                   << r.dataset_size << " samples, " << r.device << ", " << clients_.size()
+                   << " clients)";
+  Envelope e;
+  e.body = welcome(it->second.index);
+  out_.send(m.peer, std::move(e));
+}
+
+// Tells shard i (0: our own) who was selected for the running round, in batches of
+// kRoundOpenBatch ids.
+void Coordinator::send_round_open(std::size_t i) {
+  if (i == 0) {
+    local_.open_round(round_, round_selection_);
+    return;
+  }
+  auto& s = shards_[i];
+  std::size_t at = 0;
+  do {
+    const std::size_t end = std::min(round_selection_.size(), at + transport::kRoundOpenBatch);
+    Envelope e;
+    e.round = round_;
+    e.body = transport::RoundOpen{
+        .round = round_,
+        .clients = {round_selection_.begin() + static_cast<std::ptrdiff_t>(at),
+                    round_selection_.begin() + static_cast<std::ptrdiff_t>(end)}};
+    if (!s.up || !out_.send(s.peer, std::move(e))) {
+      s.up = false;
+      return;
+    }
+    at = end;
+  } while (at < round_selection_.size());
+}
+
+void Coordinator::reply_error(const Message& m, std::string why) {
+  Envelope e;
+  e.body = transport::ErrorBody{.code = transport::ErrorCode::kUnknownNode,
+                                .message = std::move(why),
+                                .ref_seq = m.envelope.seq};
+  out_.send(m.peer, std::move(e));
+}
+
+std::vector<NodeId> Coordinator::select() {
+  std::vector<NodeId> pool;
+  std::vector<double> weights;
+  for (const auto& [id, c] : clients_) {
+    if (!c.reachable) continue;
+    pool.push_back(id);
+    weights.push_back(static_cast<double>(std::max<std::uint64_t>(c.dataset_size, 1)));
+  }
+  std::size_t want =
+      static_cast<std::size_t>(std::ceil(static_cast<double>(per_round_) * overselect_));
+  want = std::min(std::max<std::size_t>(want, 1), pool.size());
+  std::vector<NodeId> out;
+  // Sampling without replacement; weighted by data size when asked.
+  for (std::size_t k = 0; k < want; ++k) {
+    std::size_t pick = 0;
+    if (weighted_) {
+      std::discrete_distribution<std::size_t> d(weights.begin(), weights.end());
+      pick = d(rng_);
+    } else {
+      pick = std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng_);
+    }
+    out.push_back(pool[pick]);
+    pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(pick));
+    weights.erase(weights.begin() + static_cast<std::ptrdiff_t>(pick));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void Coordinator::start_round() {
+  ++round_;
+  selected_.clear();
+  completed_.clear();
+  reported_ = 0;
+  reporters_.clear();
+  round_loss_ = 0;
+  round_samples_ = 0;
+  round_bytes_ = 0;
+  round_uplink_ = 0;
+  round_train_s_ = 0;
+  round_comm_s_ = 0;
+  round_started_ = clock_.now();
+  round_deadline_ = round_started_ + deadline_;
+  const auto chosen = select();
+  // The accountant's rate q: a fixed-size cohort of m of N clients, accounted as Poisson
+  // sampling with q = m / N (exact when q = 1; see dp.noise_multiplier's help).
+  const std::size_t live = live_clients();
+  round_sampling_rate_ =
+      live == 0 ? 1.0 : static_cast<double>(chosen.size()) / static_cast<double>(live);
+  const transport::RoundStart rs{
+      .round = round_,
+      .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+      .local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1)),
+      .local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0)),
+      .model_version = local_.version()};
+  // Every shard learns the selection before any client does: a shard takes this round's pushes
+  // only from these clients.
+  round_selection_ = chosen;
+  for (std::size_t i = 0; i < shards_.size(); ++i) send_round_open(i);
+  for (const auto& id : chosen) {
+    Envelope e;
+    e.round = round_;
+    e.body = rs;
+    auto& c = clients_.at(id);
+    if (out_.send(c.peer, std::move(e))) {
+      selected_.insert(id);
+    } else {
+      c.reachable = false;
+      COHORT_LOG(Info) << "client " << id << " is unreachable (its connection is gone): out of the "
+                       << "pool until it registers again";
+    }
+  }
+  state_ = State::kRunning;
+  COHORT_LOG(Debug) << "round " << round_ << " started with " << selected_.size() << " clients";
+}
+
+// ---- data-parallel: one long task per worker; the shards enforce the consistency model ----
+void Coordinator::tick_dataparallel(TimePoint now) {
+  if (state_ == State::kIdle && !dp_started_ && all_shards_up() && live_clients() >= min_clients_) {
+    dp_started_ = true;
+    round_ = 1;
+    round_started_ = now;
+    round_deadline_ = now + deadline_;
+    const transport::RoundStart rs{
+        .round = round_,
+        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+        .local_steps = static_cast<std::uint32_t>(config_.get_int("server.steps")),
+        .mode = transport::TrainingMode::kDataParallel,
+        .batch_size =
+            static_cast<std::uint32_t>(config_.section("train").get_int("batch_size", 64))};
+    std::size_t n = 0;
+    for (const auto& [id, c] : clients_) {  // the first `clients_per_round` workers by name
+      if (n++ >= per_round_) break;
+      Envelope e;
+      e.round = round_;
+      e.body = rs;
+      if (out_.send(c.peer, std::move(e))) selected_.insert(id);
+    }
+    state_ = State::kRunning;
+    COHORT_LOG(Info) << "data-parallel training (" << consistency_name(modes_.consistency)
+                     << ") started with " << selected_.size() << " workers";
+  }
+  if (state_ == State::kRunning && (reported_ >= selected_.size() || now >= round_deadline_)) {
+    committed_ = rounds_;
+    state_ = State::kIdle;
+    last_round_s_ = std::chrono::duration<double>(now - round_started_).count();
+    queue_line(round_, current_record());
+  }
+  if (state_ == State::kIdle && dp_started_) finish();
+}
+
+// ---- FedBuff: keep `concurrency` clients busy; every K updates all shards step together ----
+//
+// A shard buffers the updates it accepts; the coordinator counts them on its own shard and, at
+// K, closes a step in two phases like a round: every shard sets its buffer aside (prepare),
+// then all apply it (commit), or, if one shard holds nothing, all put it back (abort). Tasks
+// are issued while no step is closing, so a task pulls a model every shard agrees on, and only
+// as many as the remaining steps still need: K x steps left, less what is buffered and in
+// flight. The count comes from the shard itself, never from reports, which may arrive after
+// the step that took their update.
+void Coordinator::tick_fedbuff(TimePoint now) {
+  if (!all_shards_up()) return;
+  if (!fb_started_) {
+    if (live_clients() < min_clients_) return;
+    fb_started_ = true;
+    round_started_ = now;
+  }
+  for (auto it = busy_.begin(); it != busy_.end();) {  // a task past its deadline is given up
+    it = now > it->second ? busy_.erase(it) : std::next(it);
+  }
+  if (state_ != State::kIdle) return;
+  if (committed_ >= rounds_) {
+    finish();
+    return;
+  }
+  const std::size_t want = static_cast<std::size_t>(rounds_ - committed_) * buffer_k_;
+  // Starved: a step was not ready (another shard holds fewer updates than this one, which
+  // took fewer into the last step) and nothing is in flight to fill it: one more task.
+  const bool starved = fb_short_ && busy_.empty();
+  for (auto it = clients_.begin(); it != clients_.end(); ++it) {
+    if (busy_.size() >= concurrency_) break;
+    if (starved ? !busy_.empty() : local_.buffered() + busy_.size() >= want) break;
+    if (busy_.contains(it->first) || !it->second.reachable) continue;
+    const transport::RoundStart rs{
+        .round = ++round_,
+        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+        .local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1)),
+        .local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0)),
+        .model_version = local_.version(),
+        .mode = transport::TrainingMode::kBuffered};
+    Envelope e;
+    e.round = rs.round;
+    e.body = rs;
+    if (out_.send(it->second.peer, std::move(e))) {
+      busy_[it->first] = now + deadline_;
+    } else {
+      it->second.reachable = false;
+    }
+  }
+  if (local_.buffered() >= buffer_k_ && now >= fb_retry_) prepare_close(committed_ + 1, 0);
+}
+
+void Coordinator::on_report(const Message& m, const transport::ClientReport& r) {
+  if (r.fatal) {
+    on_fatal_report(m, r);
+    return;
+  }
+  if (buffered() && !r.evaluated) {
+    on_task_report(m, r);
+    return;
+  }
+  if (r.evaluated) {
+    report_.add_evaluation(r);
+    return;
+  }
+  if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
+  // A client resends its report after a reconnect, not knowing whether it arrived: count once.
+  if (!reporters_.insert(m.sender).second) return;
+  ++reported_;
+  round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
+  round_uplink_ += static_cast<double>(r.bytes_sent);
+  if (!r.trained) {
+    COHORT_LOG(Info) << "client " << m.sender << " did not finish round " << r.round << ": "
+                     << r.message;
+    last_refusal_ = m.sender + ": " + r.message.substr(0, 200);
+    return;
+  }
+  completed_.insert(m.sender);
+  round_loss_ += static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples);
+  round_samples_ += r.num_samples;
+  round_train_s_ = std::max(round_train_s_, static_cast<double>(r.train_seconds));
+  round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
+}
+
+// The client stops for good: say who and why now, not after deadlines run out.
+void Coordinator::on_fatal_report(const Message& m, const transport::ClientReport& r) {
+  COHORT_LOG(Error) << "client " << m.sender << " stopped with an error: " << r.message;
+  last_refusal_ = m.sender + " stopped: " + r.message.substr(0, 200);
+  if (state_ == State::kRunning && federated() && r.round == round_ &&
+      selected_.contains(m.sender) && reporters_.insert(m.sender).second) {
+    ++reported_;
+  }
+  busy_.erase(m.sender);
+  clients_.erase(m.sender);
+}
+
+// A FedBuff task's report. It may arrive after the step that averaged its update: it goes to
+// the oldest committed step still short of reports, else it waits for the next step.
+void Coordinator::on_task_report(const Message& m, const transport::ClientReport& r) {
+  busy_.erase(m.sender);
+  if (!r.trained) {
+    COHORT_LOG(Info) << "client " << m.sender << ": " << r.message;
+    last_refusal_ = m.sender + ": " + r.message.substr(0, 200);
+    return;
+  }
+  report_.add_task_report(
+      TaskReport{.loss_sum = static_cast<double>(r.train_loss) * static_cast<double>(r.num_samples),
+                 .samples = r.num_samples,
+                 .bytes = static_cast<double>(r.bytes_sent + r.bytes_received),
+                 .uplink = static_cast<double>(r.bytes_sent),
+                 .train_s = static_cast<double>(r.train_seconds),
+                 .comm_s = static_cast<double>(r.comm_seconds)});
+}
+
+}  // namespace cohort::server

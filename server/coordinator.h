@@ -1,0 +1,162 @@
+// The coordinator (on shard 0): membership, the round state machine (federated rounds, FedBuff
+// steps, the data-parallel task), two-phase closes across the shards, evaluation and metrics.
+// It takes received messages (handle()) and is ticked by its node's loop (tick()); it sends
+// through an Outbox and reads time from a Clock, so tests drive it without sockets or sleeps.
+// Internal to the server library; not thread-safe (one thread drives it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cohort/aggregation/privacy.h"
+#include "cohort/core/clock.h"
+#include "cohort/core/config.h"
+#include "cohort/core/metrics.h"
+
+#include "mode.h"
+#include "outbox.h"
+#include "round_report.h"
+#include "shard.h"
+
+namespace cohort::server {
+
+class Coordinator {
+ public:
+  // `local` is shard 0, in this process (set up already); `name` and `url` are shard 0's node id
+  // and listening url, as the Welcome lists them. Every reference must outlive the coordinator.
+  Coordinator(const Config& config, Modes modes, Shard& local, Outbox& out, const Clock& clock,
+              const NodeId& name, const std::string& url, MetricsSink& metrics);
+
+  [[nodiscard]] bool finished() const { return finished_; }
+  // Why training stopped without finishing (give_up), or empty.
+  [[nodiscard]] const std::string& failure() const { return failure_; }
+  // Sent in every Welcome: shards compare it to tell a restarted coordinator from a reconnect.
+  [[nodiscard]] std::uint64_t epoch() const { return epoch_; }
+
+  // Returns true if the message was the coordinator's (Register, ClientReport, a shard's
+  // PushAck to a close, Heartbeat, Bye).
+  bool handle(transport::Message& m);
+
+  // Drives deadlines, retries and the start and close of rounds; call it after every message
+  // and at least every 50 ms.
+  void tick();
+
+ private:
+  // kPreparing: phase one of a close (every shard computes its aggregate); kClosing: phase two
+  // (every shard commits or discards).
+  enum class State { kIdle, kRunning, kPreparing, kClosing };
+  struct ClientInfo {
+    transport::PeerHandle peer;
+    std::uint64_t dataset_size = 0;
+    TimePoint last_seen;
+    std::uint32_t index = 0;
+    // False once a send to `peer` found the connection gone: the client sits out rounds (and does
+    // not count towards server.min_clients) until it is heard from again, which after a
+    // reconnect is its registration on the new session.
+    bool reachable = true;
+  };
+  struct ShardInfo {
+    bool up = false;
+    transport::PeerHandle peer;
+    std::string url;
+    NodeId node_id;
+    bool closed = false;
+    bool prepared = false;  // answered this close's phase one
+  };
+
+  [[nodiscard]] bool federated() const {
+    return modes_.mode == transport::TrainingMode::kFederated;
+  }
+  [[nodiscard]] bool buffered() const { return modes_.mode == transport::TrainingMode::kBuffered; }
+  [[nodiscard]] bool dataparallel() const {
+    return modes_.mode == transport::TrainingMode::kDataParallel;
+  }
+
+  void touch(const transport::Message& m);
+  [[nodiscard]] bool all_shards_up() const;
+  [[nodiscard]] std::size_t live_clients() const;
+  [[nodiscard]] transport::Welcome welcome(std::uint32_t index) const;
+  void on_register(const transport::Message& m, const transport::Register& r);
+  void send_round_open(std::size_t i);
+  void reply_error(const transport::Message& m, std::string why);
+  std::vector<NodeId> select();
+  void start_round();
+  // Starts and closes federated rounds; false when it finished or gave up (no sweep then).
+  bool tick_federated(TimePoint now);
+  void sweep_clients(TimePoint now);
+  void tick_dataparallel(TimePoint now);
+  void tick_fedbuff(TimePoint now);
+  void on_report(const transport::Message& m, const transport::ClientReport& r);
+  void on_fatal_report(const transport::Message& m, const transport::ClientReport& r);
+  void on_task_report(const transport::Message& m, const transport::ClientReport& r);
+  // The last round (FedBuff: step) the coordinator's own shard closed.
+  [[nodiscard]] std::uint64_t committed_round() const { return local_.last_closed(); }
+  void prepare_close(std::uint64_t round, std::size_t updates);
+  bool send_round_close(bool ShardInfo::*answered, const transport::RoundClose& close);
+  void resend_prepare();
+  void prepared_everywhere();
+  void round_failed(const std::string& why);
+  void close_round(bool commit);
+  void resend_close();
+  void on_shard_ack(const transport::Message& m, const transport::PushAck& a);
+  void round_closed();
+  [[nodiscard]] RoundRecord current_record() const;
+  void queue_line(std::uint64_t round_id, const RoundRecord& record);
+  void give_up();
+  void finish(const char* why = "training finished");
+
+  const Config& config_;
+  Modes modes_;
+  Shard& local_;
+  Outbox& out_;
+  const Clock& clock_;
+  MetricsSink& metrics_;
+  std::mt19937_64 rng_;
+  std::vector<ShardInfo> shards_;
+  std::map<NodeId, ClientInfo> clients_;
+  std::uint32_t next_client_index_ = 0;
+  std::string model_spec_;
+  std::uint64_t model_size_ = 0;
+  std::uint64_t rounds_ = 0, round_ = 0, committed_ = 0, eval_every_ = 1;
+  std::size_t per_round_ = 0, min_clients_ = 1, min_updates_ = 1, rule_min_ = 1;
+  std::uint64_t failed_in_a_row_ = 0, max_failed_rounds_ = 10;
+  std::string last_refusal_, last_failure_, failure_;
+  double overselect_ = 1.0;
+  bool weighted_ = false;
+  std::chrono::milliseconds deadline_{60000};
+  State state_ = State::kIdle;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t closing_round_ = 0;  // the round (FedBuff: step) being prepared or closed
+  std::size_t closing_updates_ = 0;
+  std::string prepare_failure_;  // the first shard's reason its rule could not aggregate
+  bool closing_commit_ = false;
+  TimePoint close_retry_;
+  std::set<NodeId> selected_, completed_;
+  std::vector<NodeId> round_selection_;  // the running round's cohort, as sent to the shards
+  std::size_t reported_ = 0;
+  std::set<NodeId> reporters_;  // who has reported in the running federated round
+  double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
+  std::uint64_t round_samples_ = 0;
+  double last_round_s_ = 0;
+  double round_uplink_ = 0;
+  double dp_noise_ = 0, dp_delta_ = 1e-5, round_sampling_rate_ = 1.0;
+  aggregation::RdpAccountant accountant_;
+  TimePoint started_, round_started_, round_deadline_;
+  RoundReport report_;
+  std::size_t eval_cursor_ = 0;
+  bool finished_ = false;
+  bool dp_started_ = false, fb_started_ = false;
+  std::size_t buffer_k_ = 10, concurrency_ = 10;
+  std::size_t step_updates_ = 0;  // FedBuff: updates in the step being closed (shard 0's count)
+  TimePoint fb_retry_;            // FedBuff: no new step before this after one not ready
+  bool fb_short_ = false;         // FedBuff: a step was not ready since the last commit
+  std::map<NodeId, TimePoint> busy_;
+  TimePoint next_sweep_;  // of timed-out clients
+};
+
+}  // namespace cohort::server

@@ -1,0 +1,182 @@
+// FedBuff (ALGORITHMS.md 1.6): deltas are folded in as they stream, weighted by
+// s(tau) = 1/sqrt(1 + tau) where tau is the staleness (versions since the client's pull); the
+// coordinator steps every shard together once K updates are in: the model moves by
+// eta_g * (1/K) * sum and the version increments. Updates staler than server.max_staleness
+// (>= 0) are refused.
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <unordered_map>
+
+#include "cohort/core/log.h"
+
+#include "modes.h"
+
+namespace cohort::server {
+namespace {
+
+using transport::Message;
+
+class FedBuffMode final : public ShardMode {
+ public:
+  explicit FedBuffMode(ShardCore& core) : core_(core) {
+    max_staleness_ = core.config.get_int("server.max_staleness");
+    buffer_k_ = static_cast<std::size_t>(
+        std::max<std::int64_t>(1, core.config.get_int("server.buffer_size")));
+  }
+
+  void on_pull(Message& m, const transport::Pull& p) override { core_.serve_pull(m, p); }
+  void on_push(Message& m, const transport::Push& p) override;
+
+  // K = buffer_size updates, on every shard: the coordinator counts its own shard's, and a
+  // client's push may still be on its way to this one. Not yet is not a failure: the
+  // coordinator puts the buffers back and asks again shortly.
+  void prepare(std::uint64_t /*step*/) override {
+    if (buffered_ < buffer_k_) {
+      core_.prepared.reason = "shard " + std::to_string(core_.index) + " holds " +
+                              std::to_string(buffered_) + " of " + std::to_string(buffer_k_) +
+                              " updates";
+      return;
+    }
+    prepared_sum_.swap(buffer_sum_);
+    buffer_sum_.assign(core_.size(), 0.0);
+    prepared_count_ = buffered_;
+    buffered_ = 0;
+    core_.prepared.ok = true;
+  }
+
+  // The step set aside by prepare() moves the model (commit), or goes back into the buffer.
+  void close(std::uint64_t step, bool commit) override {
+    if (core_.prepared_round != step || !core_.prepared.ok) {
+      core_.prepared_round = 0;
+      core_.prepared = {};
+      return;
+    }
+    const std::size_t size = core_.size();
+    if (commit) {
+      if (delta_.size() != size) delta_ = FloatBuffer(size);
+      const double inv_k = 1.0 / static_cast<double>(prepared_count_);
+      for (std::size_t i = 0; i < size; ++i)
+        delta_[i] = static_cast<float>(prepared_sum_[i] * inv_k);
+      core_.optimizer->apply_delta(core_.params.span(), delta_.span());
+      ++core_.version;
+      core_.last_closed = step;
+      core_.checkpoint_if_due(core_.version);
+    } else {
+      for (std::size_t i = 0; i < size; ++i) buffer_sum_[i] += prepared_sum_[i];
+      buffered_ += prepared_count_;
+    }
+    std::fill(prepared_sum_.begin(), prepared_sum_.end(), 0.0);
+    prepared_count_ = 0;
+    core_.prepared_round = 0;
+    core_.prepared = {};
+  }
+
+  void on_coordinator_restart() override {
+    if (core_.prepared_round == 0) return;
+    // Worded as a federated shard's drop, which names its round and applied updates (none here).
+    COHORT_LOG(Info) << "shard " << core_.index << ": the coordinator restarted: dropped round 0"
+                     << " (0 update(s) applied), it will be reopened";
+    close(core_.prepared_round, false);  // back into the buffer
+  }
+
+  [[nodiscard]] std::size_t buffered() const override { return buffered_; }
+  [[nodiscard]] std::size_t prepared_count() const override { return prepared_count_; }
+
+ private:
+  struct BufferedTask {
+    double weight = 1.0;                                // s(tau)
+    std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
+  };
+
+  // Checks the first chunk of a push and starts its task; false when refused (acked).
+  bool start(const Message& m, const transport::Push& p, const std::string& key);
+
+  ShardCore& core_;
+  std::int64_t max_staleness_ = -1;
+  std::size_t buffer_k_ = 10, buffered_ = 0;
+  std::unordered_map<std::string, BufferedTask> buffered_tasks_;
+  std::set<std::string> rejected_transfers_;
+  std::vector<double> buffer_sum_;
+  std::vector<double> prepared_sum_;  // the step being prepared
+  std::size_t prepared_count_ = 0;
+  FloatBuffer delta_;  // the step's mean, reused by every step
+};
+
+bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::string& key) {
+  static constexpr PushRules kRules{.kind = transport::PushKind::kDelta,
+                                    .wrong_kind = "this server runs FedBuff; send deltas"};
+  const std::uint64_t version = core_.version;
+  const std::uint64_t tau = version >= p.base_version ? version - p.base_version : 0;
+  std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
+  if (why.empty()) {
+    if (p.base_version > version) {
+      why = "update from a future version";
+    } else if (max_staleness_ >= 0 && tau > static_cast<std::uint64_t>(max_staleness_)) {
+      why = "update too stale (" + std::to_string(tau) + " versions)";
+    } else if (buffered_tasks_.contains(key)) {
+      why = "duplicate update";
+    }
+  }
+  if (!why.empty()) {
+    core_.reply_ack(m, false, why);
+    rejected_transfers_.insert(key);
+    return false;
+  }
+  if (buffer_sum_.size() != core_.size()) buffer_sum_.assign(core_.size(), 0.0);
+  BufferedTask task;
+  task.weight = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
+  if (p.encoding != transport::Encoding::kDenseF32)
+    task.decoder = core_.take_decoder(*wire_format(p.encoding));
+  buffered_tasks_[key] = std::move(task);
+  return true;
+}
+
+void FedBuffMode::on_push(Message& m, const transport::Push& p) {
+  const std::string key = m.sender + "#" + std::to_string(m.envelope.seq);
+  if (m.offset == 0) (void)start(m, p, key);
+  if (rejected_transfers_.contains(key)) {
+    if (m.complete) rejected_transfers_.erase(key);
+    return;
+  }
+  auto it = buffered_tasks_.find(key);
+  if (it == buffered_tasks_.end()) return;
+  // An update folded in part and then refused stays folded in part, as for any streaming rule.
+  const double w = it->second.weight;
+  const std::size_t size = core_.size();
+  std::string why;
+  auto fold = [&](std::size_t first, std::span<const float> v) {
+    if (!chunk_fits(first, v.size(), size, why)) return false;
+    for (float x : v) {
+      if (!std::isfinite(x)) {
+        why = "update has non-finite values";
+        return false;
+      }
+    }
+    for (std::size_t i = 0; i < v.size(); ++i)
+      buffer_sum_[first + i] += w * static_cast<double>(v[i]);
+    return true;
+  };
+  if (!decode_chunk(m, it->second.decoder.get(), core_.decode_scratch, fold, why)) {
+    core_.give_back(std::move(it->second.decoder));
+    buffered_tasks_.erase(it);
+    core_.reply_ack(m, false, why);
+    return;
+  }
+  if (!m.complete) return;
+  core_.give_back(std::move(it->second.decoder));
+  buffered_tasks_.erase(it);
+  ++buffered_;
+  core_.reply_ack(m, true, "");
+  // The coordinator steps every shard together (prepare_round, close_round) once K updates
+  // are in; a shard never steps on its own count, which could differ from another shard's.
+}
+
+}  // namespace
+
+std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core) {
+  return std::make_unique<FedBuffMode>(core);
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,282 @@
+// Federated rounds (ALGORITHMS.md section 1): the coordinator opens a round with its selection,
+// the selected clients push deltas that stream into the aggregation rule, and the round closes
+// in two phases (the rule's aggregate, DP noise, the server optimizer's step).
+
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "cohort/aggregation/privacy.h"
+#include "cohort/core/log.h"
+#include "cohort/kernels/primitives.h"
+
+#include "modes.h"
+
+namespace cohort::server {
+namespace {
+
+using transport::Message;
+
+class FederatedMode final : public ShardMode {
+ public:
+  explicit FederatedMode(ShardCore& core) : core_(core) {
+    dp_clip_ = core.config.get_double("dp.clip");
+    dp_noise_ = core.config.get_double("dp.noise_multiplier");
+    dp_seed_ = static_cast<std::uint64_t>(core.config.get_int("dp.seed"));
+    // Each shard draws its own noise: a seed shared by the shards would correlate their ranges.
+    if (dp_seed_ == 0)
+      dp_seed_ = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  }
+
+  void on_pull(Message& m, const transport::Pull& p) override { core_.serve_pull(m, p); }
+  void on_push(Message& m, const transport::Push& p) override;
+
+  void open_round(std::uint64_t round, const std::vector<NodeId>& clients) override {
+    if (round < selection_round_) return;
+    if (round > selection_round_) {
+      selection_round_ = round;
+      selection_.clear();
+    }
+    selection_.insert(clients.begin(), clients.end());
+  }
+
+  void prepare(std::uint64_t round) override {
+    const std::size_t n = open_round_ == round ? core_.aggregator->completed_updates() : 0;
+    if (n > 0) {
+      delta_ = FloatBuffer(core_.size());
+      core_.prepared.ok = core_.aggregator->finish_round(delta_.span());
+    }
+    if (!core_.prepared.ok) {
+      delta_ = FloatBuffer();
+      core_.prepared.reason = core_.rule_refusal(n);
+    }
+  }
+
+  void close(std::uint64_t round, bool commit) override {
+    const bool apply = commit && core_.prepared.ok;
+    if (apply && open_round_ == round) {
+      if (dp_noise_ > 0) {
+        // DP-FedAvg (8.4) with uniform weights: the mean of m updates clipped to S has
+        // sensitivity S/m, so sigma = z S / m. compression_seed() only mixes the numbers.
+        const double m = static_cast<double>(core_.aggregator->completed_updates());
+        aggregation::add_gaussian_noise(
+            delta_.span(), aggregation::dp_fedavg_noise_stddev(dp_noise_, dp_clip_, 1.0, m),
+            aggregation::compression_seed(dp_seed_, round, core_.index));
+      }
+      core_.optimizer->apply_delta(core_.params.span(), delta_.span());
+      ++core_.version;
+    }
+    // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds
+    // just its parameters and the running sum.
+    delta_ = FloatBuffer();
+    drop_open_round();
+    core_.finish_close(round, commit);
+  }
+
+  void on_coordinator_restart() override {
+    if (open_round_ != 0 || !selection_.empty() || core_.prepared_round != 0) {
+      COHORT_LOG(Info) << "shard " << core_.index << ": the coordinator restarted: dropped round "
+                       << std::max(open_round_, selection_round_) << " (" << applied_.size()
+                       << " update(s) applied), it will be reopened";
+    }
+    drop_open_round();
+    selection_round_ = core_.last_closed;
+    core_.prepared_round = 0;
+    core_.prepared = {};
+    delta_ = FloatBuffer();
+  }
+
+ private:
+  struct Transfer {
+    bool rejected = false;
+    ClientId client = 0;
+    double weight = 1.0;
+    std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
+    FloatBuffer whole;  // the reassembled update: non-streaming rule or DP clipping
+  };
+
+  // Why the first chunk of a push for a round cannot be taken, or empty.
+  std::string refusal(const Message& m, const transport::Push& p) const;
+  // Starts a transfer from the first chunk of a push: refused (with its ack) or taken.
+  Transfer start_transfer(const Message& m, const transport::Push& p);
+  // Feeds one chunk of a taken transfer to the rule (or its reassembly buffer); false refuses.
+  bool feed(Transfer& t, const Message& m, std::string& why);
+
+  // Forgets the open round: its transfers, senders and the rule's state.
+  void drop_open_round() {
+    open_round_ = 0;
+    for (auto& [key, t] : transfers_) release(t);
+    transfers_.clear();
+    pushed_.clear();
+    applied_.clear();
+    selection_.clear();
+  }
+
+  // Buffers of finished transfers go back to the pools, so pushes never allocate.
+  void release(Transfer& t) {
+    core_.give_back(std::move(t.decoder));
+    if (!t.whole.empty() && t.whole.size() == core_.size())
+      spare_updates_.push_back(std::move(t.whole));
+    t.whole = FloatBuffer();
+  }
+
+  ClientId client_id(const NodeId& id) {
+    auto [it, fresh] = client_ids_.try_emplace(id, static_cast<ClientId>(client_ids_.size()));
+    return it->second;
+  }
+
+  ShardCore& core_;
+  FloatBuffer delta_;                  // the aggregate, between phase one and phase two
+  std::uint64_t open_round_ = 0;       // the round whose pushes the rule is taking, or 0
+  std::uint64_t selection_round_ = 0;  // the newest round the coordinator opened (RoundOpen)
+  std::set<NodeId> selection_;         // who was selected for it
+  std::unordered_map<std::string, Transfer> transfers_;
+  std::vector<FloatBuffer> spare_updates_;
+  double dp_clip_ = 0, dp_noise_ = 0;
+  std::uint64_t dp_seed_ = 0;
+  std::set<NodeId> pushed_;
+  std::set<NodeId> applied_;  // senders whose update of the open round is complete and accepted
+  std::unordered_map<NodeId, ClientId> client_ids_;
+};
+
+std::string FederatedMode::refusal(const Message& m, const transport::Push& p) const {
+  static constexpr PushRules kRules{.kind = transport::PushKind::kDelta,
+                                    .wrong_kind = "this server runs federated rounds; send deltas",
+                                    .name_compressed_size = true};
+  std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
+  if (!why.empty()) return why;
+  const std::uint64_t round = m.envelope.round;
+  if (round <= core_.last_closed)
+    return "round " + std::to_string(round) + " is closed (late push)";
+  if (round > selection_round_)
+    return "round " + std::to_string(round) + " has not opened on this shard";
+  if (!selection_.contains(m.sender))
+    return m.sender + " was not selected for round " + std::to_string(round);
+  if (open_round_ != 0 && round != open_round_) return "push for another round";
+  if (pushed_.contains(m.sender)) return "duplicate push for this round";
+  if (p.num_samples == 0) return "zero samples";
+  return {};
+}
+
+FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const transport::Push& p) {
+  Transfer t;
+  t.client = client_id(m.sender);
+  const std::uint64_t round = m.envelope.round;
+  const std::string why = refusal(m, p);
+  if (!why.empty() && applied_.contains(m.sender) && round == open_round_) {
+    // A resend of an update already folded in (its ack was lost, e.g. on a cut link):
+    // acknowledge it again and ignore its bytes, so it counts once and is applied once.
+    t.rejected = true;
+    core_.reply_ack(m, true, "");
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its update for round " << round
+                     << ", already applied: acknowledged again";
+    return t;
+  }
+  if (!why.empty()) {
+    t.rejected = true;
+    core_.reply_ack(m, false, why);
+    COHORT_LOG(Info) << "shard " << core_.index << ": refused push from " << m.sender << ": "
+                     << why;
+    return t;
+  }
+  if (open_round_ == 0) {
+    open_round_ = round;
+    core_.aggregator->begin_round(round, core_.size());
+  }
+  pushed_.insert(m.sender);
+  // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean.
+  t.weight = dp_clip_ > 0 ? 1.0 : static_cast<double>(p.num_samples);
+  if (p.encoding != transport::Encoding::kDenseF32)
+    t.decoder = core_.take_decoder(*wire_format(p.encoding));
+  if (!core_.aggregator->is_streaming() || dp_clip_ > 0) {
+    if (spare_updates_.empty()) spare_updates_.emplace_back(core_.size());
+    t.whole = std::move(spare_updates_.back());
+    spare_updates_.pop_back();
+  }
+  return t;
+}
+
+bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
+  const std::size_t size = core_.size();
+  // Decoded values go to the rule at their offset, or into the reassembly buffer.
+  auto take = [&](std::size_t offset, std::span<const float> values) {
+    if (!t.whole.empty()) {
+      if (!chunk_fits(offset, values.size(), size, why)) return false;
+      if (!kernels::copy_finite(values, t.whole.span().subspan(offset, values.size()))) {
+        why = "update has non-finite values";
+        return false;
+      }
+      return true;
+    }
+    if (core_.aggregator->accept({t.client, offset, values, t.weight}) ==
+        aggregation::Verdict::kRejected) {
+      why = "non-finite values or bad shape";
+      return false;
+    }
+    return true;
+  };
+  if (!decode_chunk(m, t.decoder.get(), core_.decode_scratch, take, why)) return false;
+  if (m.complete && !t.whole.empty()) {
+    // Each range is clipped to S as well: a client that skipped client.dp_clip is bounded by
+    // S per shard (S sqrt(shards) in all); one that clipped is unchanged.
+    if (dp_clip_ > 0) (void)aggregation::clip_l2(t.whole.span(), dp_clip_);
+    if (core_.aggregator->accept({t.client, 0, t.whole.span(), t.weight}) ==
+        aggregation::Verdict::kRejected) {
+      why = "non-finite values or bad shape";
+      return false;
+    }
+  }
+  return true;
+}
+
+// A federated push: fp32 chunks (kDenseF32), or the framed pieces of a compressed encoding
+// (aggregation/push_codec.h), each decoded as soon as its bytes are in into a buffer reused for
+// every push. Values stream into a streaming rule at their offsets; for a non-streaming rule, or
+// when DP clips each update (dp.clip), they are reassembled into a pooled buffer first. Anything
+// malformed refuses this push with an ack and leaves the round running.
+void FederatedMode::on_push(Message& m, const transport::Push& p) {
+  const std::string key = m.sender + "#" + std::to_string(m.envelope.seq);
+  auto it = transfers_.find(key);
+  if (m.offset == 0 && it == transfers_.end())
+    it = transfers_.emplace(key, start_transfer(m, p)).first;
+  if (it == transfers_.end()) {
+    // A chunk of a transfer this shard no longer holds: its round closed or was dropped while
+    // the update streamed in. The sender still waits for an answer: its last chunk gets one.
+    if (m.complete) {
+      core_.reply_ack(m, false,
+                      "round " + std::to_string(m.envelope.round) + " closed during the transfer");
+      COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender << "'s update for round "
+                       << m.envelope.round << " arrived after its round closed: refused";
+    }
+    return;
+  }
+  Transfer& t = it->second;
+  if (t.rejected) return;
+  std::string why;
+  if (!feed(t, m, why)) {
+    t.rejected = true;
+    core_.aggregator->end_update(t.client, false);
+    release(t);
+    core_.reply_ack(m, false, why);
+    COHORT_LOG(Warn) << "shard " << core_.index << ": refused the update of " << m.sender << ": "
+                     << why;
+    return;
+  }
+  if (m.complete) {
+    core_.aggregator->end_update(t.client, true);
+    release(t);
+    applied_.insert(m.sender);
+    core_.reply_ack(m, true, "");
+    COHORT_LOG(Debug) << "shard " << core_.index << ": applied the update of " << m.sender
+                      << " for round " << m.envelope.round;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core) {
+  return std::make_unique<FederatedMode>(core);
+}
+
+}  // namespace cohort::server

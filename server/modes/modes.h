@@ -1,0 +1,18 @@
+// The shard's policy for each server.mode (ALGORITHMS.md): one class per mode, each in its own
+// file, made here. Each works on the ShardCore it is given, which must outlive it.
+#pragma once
+
+#include <memory>
+
+#include "../shard_core.h"
+
+namespace cohort::server {
+
+// Federated rounds: the coordinator's selection, streamed deltas into the aggregation rule, DP.
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core);
+// FedBuff: staleness-weighted deltas buffered until the coordinator steps every shard at K.
+std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core);
+// Data-parallel workers' gradients under BSP, ASP or SSP.
+std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency);
+
+}  // namespace cohort::server

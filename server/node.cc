@@ -1,0 +1,316 @@
+// cohort-server's process: options checked at the edge, the endpoints, and the loop that hands
+// each received message to the shard or the coordinator. The only file of the server that
+// touches a transport::Endpoint; the shard and coordinator send through EndpointOutbox.
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "cohort/core/clock.h"
+#include "cohort/core/error.h"
+#include "cohort/core/log.h"
+#include "cohort/core/thread_pool.h"
+#include "cohort/kernels/model_zoo.h"
+#include "cohort/kernels/network.h"
+#include "cohort/server/server.h"
+#include "cohort/transport/endpoint.h"
+
+#include "coordinator.h"
+#include "mode.h"
+#include "options.h"
+#include "outbox.h"
+#include "rendezvous.h"
+#include "shard.h"
+
+namespace cohort::server {
+namespace {
+
+using namespace std::chrono_literals;
+using transport::Endpoint;
+using transport::Envelope;
+using transport::Message;
+
+std::string port_of(const std::string& url) { return url.substr(url.rfind(':') + 1); }
+
+void write_port_file(const std::string& path, const std::string& url) {
+  if (path.empty()) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw ConfigError("cannot write server.port_file " + path);
+    out << port_of(url) << '\n';
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+transport::EndpointOptions endpoint_options(const Config& c, const std::string& name) {
+  transport::EndpointOptions o;
+  o.node_id = name;
+  o.security.insecure = c.get_bool("tls.insecure");
+  o.security.ca_file = c.get_string("tls.ca_file");
+  o.security.cert_file = c.get_string("tls.cert_file");
+  o.security.key_file = c.get_string("tls.key_file");
+  o.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
+  return o;
+}
+
+// The Outbox of the shard and coordinator: the listening endpoint.
+class EndpointOutbox final : public Outbox {
+ public:
+  explicit EndpointOutbox(Endpoint& ep) : ep_(ep) {}
+  using Outbox::send;
+  bool send(const transport::PeerHandle& peer, Envelope envelope,
+            transport::Payload payload) override {
+    return ep_.send(peer, std::move(envelope), std::move(payload)).has_value();
+  }
+
+ private:
+  Endpoint& ep_;
+};
+
+// What run() checks before it opens a socket; returns this node's name.
+std::string check_options(const Config& config, std::uint32_t shards, std::uint32_t index) {
+  if (shards < 1 || index >= shards) {
+    throw ConfigError("server.shard must be in [0, server.shards)");
+  }
+  std::string name = config.get_string("server.name");
+  if (name.empty()) name = "shard-" + std::to_string(index);
+  if (index == 0 && name != config.get_string("tls.coordinator_name")) {
+    throw ConfigError(
+        "shard 0 is the coordinator, and clients and shards accept only the name "
+        "tls.coordinator_name = '" +
+        config.get_string("tls.coordinator_name") + "', but server.name is '" + name +
+        "': set both alike");
+  }
+  if (index > 0 && config.get_string("server.coordinator").empty()) {
+    throw ConfigError("shard " + std::to_string(index) +
+                      " needs --coordinator (the url of shard 0)");
+  }
+  return name;
+}
+
+// The dp.* options' ranges, and that DP applies to federated rounds only.
+void check_dp_options(const Config& config, Modes modes) {
+  const double dp_clip = config.get_double("dp.clip"),
+               dp_noise = config.get_double("dp.noise_multiplier");
+  if (!(dp_clip >= 0) || !std::isfinite(dp_clip)) throw ConfigError("dp.clip must be >= 0");
+  if (!(dp_noise >= 0) || !std::isfinite(dp_noise))
+    throw ConfigError("dp.noise_multiplier must be >= 0");
+  if (dp_noise > 0 && dp_clip == 0)
+    throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
+  if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1))
+    throw ConfigError("dp.delta must be in (0, 1)");
+  if (dp_clip > 0 && modes.mode != transport::TrainingMode::kFederated) {
+    throw ConfigError("dp.clip applies to server.mode = federated only");
+  }
+}
+
+// The listening endpoint's options.
+transport::EndpointOptions listen_options(const Config& config, const std::string& name,
+                                          ThreadPool& pool) {
+  auto opts = endpoint_options(config, name);
+  opts.pool = &pool;
+  opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
+  // In one process (cohort-sim) a fleet socket may speak for many virtual clients.
+  opts.multiplex = config.get_string("server.listen").rfind("inproc://", 0) == 0;
+  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
+  // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
+  // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
+  // the socket meanwhile, and 16 MiB pushes ran at 2.6 GB/s here against 3.6-4.5 with two. Two
+  // pay off only while few clients stream at once: with many, the shard always has another
+  // client's chunk to work on, so past 8 connected peers each gets one (a budget of 16).
+  const std::int64_t queue = config.get_int("transport.receive_queue");
+  if (queue < 0 || queue > 65536) {
+    throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
+                      std::to_string(queue));
+  }
+  opts.receive_queue = queue > 0 ? static_cast<int>(queue) : (opts.security.insecure ? 1 : 2);
+  if (queue == 0 && !opts.security.insecure) opts.receive_budget = 16;
+  return opts;
+}
+
+// One server process: shard `index`, and on shard 0 the coordinator. Owns the endpoints.
+class Node {
+ public:
+  Node(const Config& config, const Registries& registries, transport::Context& ctx, Modes modes,
+       std::uint32_t shards, std::uint32_t index, std::string name, ThreadPool& pool)
+      : config_(config),
+        index_(index),
+        name_(std::move(name)),
+        ep_(Endpoint::bind(ctx, config.get_string("server.listen"),
+                           listen_options(config, name_, pool))),
+        out_(ep_) {
+    write_port_file(config.get_string("server.port_file"), ep_.url());
+    COHORT_LOG(Info) << name_ << " listening on " << ep_.url()
+                     << (ep_.is_secure() ? " (TLS)" : " (plaintext)");
+    if (index == 0) metrics_.emplace(config.get_string("server.metrics_file"));
+    shard_.emplace(config, registries, index, shards, modes, out_, metrics_ ? &*metrics_ : nullptr);
+    if (index == 0) {
+      const std::string spec = config.get_string("model.spec");
+      shard_->setup(spec, kernels::make_network_spec(spec).parameter_count());
+      coordinator_.emplace(config, modes, *shard_, out_, clock_, name_, ep_.url(), *metrics_);
+    } else {
+      auto up = endpoint_options(config, name_);
+      // Only the federation's coordinator may drive this shard: any other certificate of the same
+      // CA is refused in the handshake.
+      up.security.expected_peer = config.get_string("tls.coordinator_name");
+      upstream_.emplace(Endpoint::connect(ctx, config.get_string("server.coordinator"), up));
+    }
+  }
+
+  // Serves until training is finished (0), a fatal error (throws TrainingError), or `stop`.
+  int serve(const std::atomic<bool>& stop);
+
+ private:
+  void register_upstream();
+  // A message from the coordinator (shards 1..n-1); true when it said training is finished.
+  bool on_upstream(Message& m);
+  // A message on the listening endpoint: the shard's, else the coordinator's, else refused.
+  void on_listener(Message& m);
+
+  const Config& config_;
+  std::uint32_t index_;
+  std::string name_;
+  SteadyClock clock_;
+  Endpoint ep_;
+  EndpointOutbox out_;
+  std::optional<MetricsSink> metrics_;
+  std::optional<Shard> shard_;
+  std::optional<Coordinator> coordinator_;
+  std::optional<Endpoint> upstream_;
+  bool welcomed_ = false;
+};
+
+void Node::register_upstream() {
+  transport::Register r;
+  r.role = transport::Role::kShard;
+  r.shard_index = index_;
+  r.listen_url = config_.get_string("server.advertise").empty()
+                     ? ep_.url()
+                     : config_.get_string("server.advertise");
+  Envelope e;
+  e.body = r;
+  upstream_->send({}, std::move(e));
+}
+
+bool Node::on_upstream(Message& m) {
+  Shard& shard = *shard_;
+  if (auto* w = std::get_if<transport::Welcome>(&m.envelope.body)) {
+    if (!welcomed_) shard.setup(w->model_spec, w->model_size);
+    welcomed_ = true;
+    shard.on_welcome(w->coordinator_epoch, w->current_round);
+  } else if (auto* ro = std::get_if<transport::RoundOpen>(&m.envelope.body)) {
+    shard.open_round(ro->round, ro->clients);
+  } else if (auto* rc = std::get_if<transport::RoundClose>(&m.envelope.body)) {
+    Envelope a;
+    a.round = rc->round;
+    if (rc->prepare) {
+      auto p = shard.prepare_round(rc->round);
+      a.body = transport::PushAck{.accepted = p.ok,
+                                  .reason = std::move(p.reason),
+                                  .version = shard.version(),
+                                  .prepared = true};
+    } else {
+      const auto v = shard.close_round(rc->round, rc->commit);
+      a.body = transport::PushAck{.accepted = true, .reason = "", .version = v, .prepared = false};
+    }
+    upstream_->send({}, std::move(a));
+  } else if (std::holds_alternative<transport::Bye>(m.envelope.body)) {
+    COHORT_LOG(Info) << name_ << ": the coordinator says training is finished";
+    return true;
+  } else if (auto* err = std::get_if<transport::ErrorBody>(&m.envelope.body)) {
+    COHORT_LOG(Warn) << "coordinator: " << err->message;
+  }
+  return false;
+}
+
+void Node::on_listener(Message& m) {
+  if (shard_->ready() && shard_->handle(m)) return;
+  if (coordinator_ && coordinator_->handle(m)) return;
+  if (std::holds_alternative<transport::ErrorBody>(m.envelope.body)) return;
+  Envelope e;
+  e.body = transport::ErrorBody{
+      .code = transport::ErrorCode::kMalformed,
+      .message = std::string("unexpected ") + std::string(transport::body_name(m.envelope.body)),
+      .ref_seq = m.envelope.seq};
+  ep_.send(m.peer, std::move(e));
+}
+
+int Node::serve(const std::atomic<bool>& stop) {
+  std::uint64_t upstream_handshakes = 0;
+  auto next_register = clock_.now();
+  std::vector<Endpoint*> endpoints{&ep_};
+  if (upstream_) endpoints.push_back(&*upstream_);
+  while (!stop.load()) {
+    if (upstream_) {
+      // (Re-)register with the coordinator whenever the session is new or we are not welcomed.
+      const auto hs = upstream_->stats().handshakes;
+      if ((hs != upstream_handshakes || !welcomed_) && clock_.now() >= next_register) {
+        try {
+          register_upstream();
+          upstream_handshakes = upstream_->stats().handshakes;
+        } catch (const TransportError& e) {
+          COHORT_LOG(Warn) << "cannot reach the coordinator yet: " << e.what();
+        }
+        next_register = clock_.now() + 1s;
+      }
+    }
+    const int ready = Endpoint::poll(endpoints, 50ms);
+    if (ready >= 0) {
+      auto m = endpoints[static_cast<std::size_t>(ready)]->receive(0ms);
+      if (m) {
+        try {
+          if (ready == 1) {  // from the coordinator
+            if (on_upstream(*m)) {
+              shard_->checkpoint();
+              return 0;
+            }
+          } else {
+            on_listener(*m);
+          }
+        } catch (const ProtocolError& e) {
+          COHORT_LOG(Warn) << "dropped a message from " << m->sender << ": " << e.what();
+        }
+      }
+    }
+    if (coordinator_) {
+      coordinator_->tick();
+      if (coordinator_->finished()) {
+        shard_->checkpoint();
+        std::this_thread::sleep_for(300ms);  // let the goodbyes leave
+        if (!coordinator_->failure().empty()) throw TrainingError(coordinator_->failure());
+        return 0;
+      }
+    }
+  }
+  COHORT_LOG(Info) << name_ << ": stopping (signal); writing a checkpoint";
+  shard_->checkpoint();
+  return 0;
+}
+
+}  // namespace
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop) {
+  transport::Context ctx;
+  return run(config, registries, stop, ctx);
+}
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx) {
+  validate(config, registries);
+  if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
+  const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
+  const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
+  std::string name = check_options(config, shards, index);
+  const Modes modes = parse_modes(config);
+  (void)kernels::make_network_spec(config.get_string("model.spec"))
+      .parameter_count();  // validates the spec early
+  check_dp_options(config, modes);
+  ThreadPool pool(2);
+  Node node(config, registries, ctx, modes, shards, index, std::move(name), pool);
+  return node.serve(stop);
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,73 @@
+#include "push_intake.h"
+
+#include "cohort/core/error.h"
+
+namespace cohort::server {
+
+std::optional<aggregation::WireFormat> wire_format(transport::Encoding e) {
+  using aggregation::WireFormat;
+  switch (e) {
+    case transport::Encoding::kDenseF32: return WireFormat::kDenseF32;
+    case transport::Encoding::kDenseF16: return WireFormat::kFp16;
+    case transport::Encoding::kDenseBf16: return WireFormat::kBf16;
+    case transport::Encoding::kInt8: return WireFormat::kInt8;
+    case transport::Encoding::kQsgd: return WireFormat::kQsgd;
+    case transport::Encoding::kTopK: return WireFormat::kTopK;
+    case transport::Encoding::kRandomK: return WireFormat::kRandomK;
+    case transport::Encoding::kSign: return WireFormat::kSign;
+    case transport::Encoding::kPowerSgd: return WireFormat::kLowRank;
+  }
+  return std::nullopt;
+}
+
+std::string check_push_shape(const transport::Push& p, std::uint64_t payload_bytes,
+                             const ShardRange& range, const PushRules& rules) {
+  const bool compressed = p.encoding != transport::Encoding::kDenseF32;
+  const std::size_t size = range.size();
+  if (p.kind != rules.kind) return std::string(rules.wrong_kind);
+  if (rules.dense_only ? compressed : !wire_format(p.encoding)) return "unsupported encoding";
+  if (p.shard != range.index || p.begin != range.begin || p.end != range.end)
+    return "wrong shard range";
+  if (!compressed) {
+    if (payload_bytes != size * sizeof(float)) return std::string(rules.wrong_length);
+    return {};
+  }
+  if (p.elements != size) return std::string(rules.wrong_length);
+  if (payload_bytes == 0 || payload_bytes > aggregation::max_push_bytes(size)) {
+    if (!rules.name_compressed_size) return std::string(rules.wrong_length);
+    return "compressed update of " + std::to_string(payload_bytes) + " bytes for " +
+           std::to_string(size) + " elements";
+  }
+  return {};
+}
+
+bool decode_chunk(const transport::Message& m, aggregation::PushDecoder* decoder,
+                  std::vector<float>& scratch, const ValueSink& sink, std::string& why) {
+  const auto bytes = m.payload.span();
+  try {
+    if (decoder != nullptr) {
+      const bool ok = decoder->feed(bytes, scratch, sink);
+      if (ok && m.complete) decoder->finish();
+      return ok;
+    }
+    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
+      why = "misaligned chunk";
+      return false;
+    }
+    return sink(static_cast<std::size_t>(m.offset / sizeof(float)),
+                {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)});
+  } catch (const ProtocolError& e) {
+    why = std::string("malformed compressed update: ") + e.what();
+    return false;
+  }
+}
+
+bool chunk_fits(std::size_t offset, std::size_t n, std::size_t size, std::string& why) {
+  if (offset > size || n > size - offset) {
+    why = "chunk past the end of the range";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace cohort::server

@@ -1,0 +1,102 @@
+// What every mode of a shard shares (ShardCore: the range, the parameters, the version, the rule
+// and optimizer, the two-phase close's bookkeeping, checkpoints, the ack), and the interface of a
+// mode's policy (ShardMode), one per server.mode under modes/. Internal to the server library.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cohort/aggregation/aggregator.h"
+#include "cohort/aggregation/push_codec.h"
+#include "cohort/aggregation/server_optimizer.h"
+#include "cohort/core/buffer.h"
+#include "cohort/core/config.h"
+#include "cohort/core/metrics.h"
+#include "cohort/server/checkpoint.h"
+
+#include "mode.h"
+#include "outbox.h"
+#include "push_intake.h"
+
+namespace cohort::server {
+
+// A shard's answer to phase one of a close (RoundClose.prepare).
+struct Prepared {
+  bool ok = false;
+  std::string reason;  // why not, when !ok
+};
+
+// Contiguous ranges of [0, size) for `shards` shards, balanced by bytes (equal element counts,
+// the remainder spread over the first shards).
+std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uint32_t shards,
+                                                    std::uint32_t index);
+
+// The state a shard's modes share. Not thread-safe: one thread drives the shard.
+struct ShardCore {
+  ShardCore(const Config& config, Outbox& out, std::uint32_t index, std::uint32_t shards,
+            MetricsSink* metrics);
+
+  [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(end - begin); }
+  [[nodiscard]] ShardRange range() const { return {index, begin, end}; }
+
+  // Answers push `m` with a PushAck carrying `ok`, `reason` and the current version.
+  void reply_ack(const transport::Message& m, bool ok, std::string reason);
+  // Answers pull `m` with its slice of the parameters, or a kBadRange error outside this range.
+  void serve_pull(const transport::Message& m, const transport::Pull& p);
+  // Writes a checkpoint of the range, the version and the optimizer's state (when a store is set).
+  void checkpoint();
+  // Checkpoints when `count` is a multiple of server.checkpoint_every (and a store is set).
+  void checkpoint_if_due(std::uint64_t count);
+  // Why a rule-based round could not close with `n` complete updates (phase one's refusal).
+  [[nodiscard]] std::string rule_refusal(std::size_t n) const;
+  // Phase two's bookkeeping, once a mode is done: round `round` is closed, committed or not.
+  void finish_close(std::uint64_t round, bool commit);
+
+  // Decoders for compressed pushes come from a pool, so pushes never allocate.
+  std::unique_ptr<aggregation::PushDecoder> take_decoder(aggregation::WireFormat format);
+  void give_back(std::unique_ptr<aggregation::PushDecoder> decoder);
+
+  const Config& config;
+  Outbox& out;
+  MetricsSink* metrics;
+  const std::uint32_t index, shards;
+  std::uint64_t begin = 0, end = 0;
+  std::string model_spec;
+  FloatBuffer params;
+  std::uint64_t version = 0;
+  std::uint64_t committed = 0;       // rounds committed by this process (checkpoint cadence)
+  std::uint64_t last_closed = 0;     // the last round (FedBuff: step) closed
+  std::uint64_t prepared_round = 0;  // the round (FedBuff: step) prepare_round() answered for
+  Prepared prepared;
+  std::string aggregator_name;
+  std::unique_ptr<aggregation::Aggregator> aggregator;
+  std::unique_ptr<aggregation::ServerOptimizer> optimizer;
+  std::optional<CheckpointStore> store;
+  std::vector<std::unique_ptr<aggregation::PushDecoder>> spare_decoders;
+  std::vector<float> decode_scratch;  // one decoded piece; grows once, reused by every push
+};
+
+// One mode's handling of pulls, pushes and the two phases of a close. The Shard does what every
+// mode shares (repeated prepares and closes, the restart of the coordinator) and calls these.
+class ShardMode {
+ public:
+  virtual ~ShardMode() = default;
+  virtual void on_pull(transport::Message& m, const transport::Pull& p) = 0;
+  virtual void on_push(transport::Message& m, const transport::Push& p) = 0;
+  // Phase one for a round not prepared yet: fills core.prepared (cleared, prepared_round set).
+  virtual void prepare(std::uint64_t round) = 0;
+  // Phase two for a round not closed yet (a commit has been prepared).
+  virtual void close(std::uint64_t round, bool commit) = 0;
+  // The coordinator restarted: drops (FedBuff: puts back) what belonged to its rounds.
+  virtual void on_coordinator_restart() = 0;
+  // Federated: the coordinator's selection for `round` (see Shard::open_round).
+  virtual void open_round(std::uint64_t /*round*/, const std::vector<NodeId>& /*clients*/) {}
+  // FedBuff: updates buffered, and how many the step being prepared set aside.
+  [[nodiscard]] virtual std::size_t buffered() const { return 0; }
+  [[nodiscard]] virtual std::size_t prepared_count() const { return 0; }
+};
+
+}  // namespace cohort::server

@@ -1,0 +1,382 @@
+// The shard driven directly: messages in, a recording outbox out, no sockets.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "shard.h"
+#include "test_util.h"
+
+namespace cohort::server {
+namespace {
+
+using testing::RecordingOutbox;
+using transport::PushAck;
+
+constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
+
+struct Fixture {
+  explicit Fixture(std::vector<std::string> overrides, std::uint32_t index = 0,
+                   std::uint32_t shards = 1)
+      : config(testing::make_config(std::move(overrides))),
+        registries(builtin_registries()),
+        shard(config, registries, index, shards, parse_modes(config), out, nullptr) {
+    shard.setup("mlp:2-2", kModelSize);
+  }
+  // A delta push of the whole range (one shard).
+  transport::Push delta(std::uint64_t samples = 10) const {
+    return transport::Push{.shard = 0,
+                           .begin = shard.begin(),
+                           .end = shard.end(),
+                           .num_samples = samples,
+                           .kind = transport::PushKind::kDelta,
+                           .elements = shard.size()};
+  }
+  // The last PushAck sent, to `sender`.
+  PushAck last_ack(const NodeId& sender) const {
+    const auto acks = out.of<PushAck>();
+    for (auto it = acks.rbegin(); it != acks.rend(); ++it) {
+      if (it->first.peer == "peer:" + sender) return it->second;
+    }
+    FAIL("no PushAck to " << sender);
+    return {};
+  }
+  std::vector<float> params() const { return {shard.params().begin(), shard.params().end()}; }
+
+  Config config;
+  Registries registries;
+  RecordingOutbox out;
+  Shard shard;
+};
+
+TEST_CASE(
+    "federated shard: late, duplicate, wrong-round and unselected pushes get a refusal with a "
+    "reason") {
+  Fixture f({"server.mode=federated"});
+  std::vector<float> update(kModelSize, 0.5f);
+  f.shard.open_round(1, {"a", "b"});
+
+  SUBCASE("not selected") {
+    auto m = testing::push_all("c", f.delta(), 1, 1, update);
+    REQUIRE(f.shard.handle(m));
+    const auto ack = f.last_ack("c");
+    CHECK_FALSE(ack.accepted);
+    CHECK(ack.reason == "c was not selected for round 1");
+  }
+  SUBCASE("a round not opened yet") {
+    auto m = testing::push_all("a", f.delta(), 2, 1, update);
+    REQUIRE(f.shard.handle(m));
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason == "round 2 has not opened on this shard");
+  }
+  SUBCASE("duplicate, then late") {
+    auto first = testing::push_all("a", f.delta(), 1, 1, update);
+    REQUIRE(f.shard.handle(first));
+    CHECK(f.last_ack("a").accepted);
+    auto again = testing::push_all("a", f.delta(), 1, 2, update);  // another transfer, same round
+    REQUIRE(f.shard.handle(again));
+    // An update already applied is acknowledged again (its ack may have been lost), not re-applied.
+    CHECK(f.last_ack("a").accepted);
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.shard.prepare_round(1).ok);
+    CHECK(f.shard.close_round(1, true) == 1);
+    auto late = testing::push_all("b", f.delta(), 1, 3, update);
+    REQUIRE(f.shard.handle(late));
+    CHECK_FALSE(f.last_ack("b").accepted);
+    CHECK(f.last_ack("b").reason == "round 1 is closed (late push)");
+  }
+  SUBCASE("a duplicate of a push still streaming") {
+    auto first = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, false);
+    REQUIRE(f.shard.handle(first));
+    auto again = testing::push_all("a", f.delta(), 1, 2, update);
+    REQUIRE(f.shard.handle(again));
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason == "duplicate push for this round");
+  }
+  SUBCASE("a push for another round than the open one") {
+    f.shard.open_round(2, {"a", "b"});  // round 1's pushes still stream: round 1 stays open
+    auto m1 = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, false);
+    f.shard.open_round(1, {"a"});  // ignored: older than the selection's round
+    REQUIRE(f.shard.handle(m1));
+    CHECK(f.out.count<PushAck>() == 0);
+    auto m2 = testing::push_all("b", f.delta(), 2, 1, update);
+    REQUIRE(f.shard.handle(m2));
+    CHECK(f.last_ack("b").reason == "push for another round");
+  }
+  SUBCASE("wrong length and zero samples") {
+    auto bad = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, true);
+    bad.envelope.payload_bytes = 3 * sizeof(float);
+    REQUIRE(f.shard.handle(bad));
+    CHECK(f.last_ack("a").reason == "wrong update length");
+    auto zero = testing::push_all("b", f.delta(0), 1, 2, update);
+    REQUIRE(f.shard.handle(zero));
+    CHECK(f.last_ack("b").reason == "zero samples");
+  }
+}
+
+TEST_CASE(
+    "federated shard: the last chunk of an update whose round was dropped mid-transfer is "
+    "refused") {
+  Fixture f({"server.mode=federated"});
+  std::vector<float> update(kModelSize, 0.5f);
+  f.shard.open_round(1, {"a"});
+  auto head = testing::push_chunk("a", f.delta(), 1, 7, update, 0, 3, false);
+  REQUIRE(f.shard.handle(head));
+  CHECK(f.out.count<PushAck>() == 0);
+  (void)f.shard.close_round(1, false);  // the round failed while the update streamed in
+  auto middle = testing::push_chunk("a", f.delta(), 1, 7, update, 3, 1, false);
+  REQUIRE(f.shard.handle(middle));
+  CHECK(f.out.count<PushAck>() == 0);  // only the last chunk is answered
+  auto tail = testing::push_chunk("a", f.delta(), 1, 7, update, 4, 2, true);
+  REQUIRE(f.shard.handle(tail));
+  REQUIRE(f.out.count<PushAck>() == 1);
+  const auto ack = f.last_ack("a");
+  CHECK_FALSE(ack.accepted);
+  CHECK(ack.reason == "round 1 closed during the transfer");
+  CHECK(f.out.of<PushAck>().front().first.envelope.round == 1);
+}
+
+TEST_CASE("federated shard: two-phase close moves the model only on commit") {
+  Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  std::vector<float> update(kModelSize, 0.25f);
+
+  SUBCASE("prepare without updates fails with the rule's reason") {
+    f.shard.open_round(1, {"a"});
+    const auto p = f.shard.prepare_round(1);
+    CHECK_FALSE(p.ok);
+    CHECK(p.reason.find("could not aggregate 0 complete update(s)") != std::string::npos);
+    CHECK(f.shard.close_round(1, false) == 0);
+    CHECK(f.shard.last_closed() == 1);
+  }
+  SUBCASE("prepare, then commit") {
+    f.shard.open_round(1, {"a"});
+    auto m = testing::push_all("a", f.delta(), 1, 1, update);
+    REQUIRE(f.shard.handle(m));
+    CHECK(f.last_ack("a").accepted);
+    const auto p = f.shard.prepare_round(1);
+    CHECK(p.ok);
+    CHECK(f.shard.prepare_round(1).ok);  // a retry answers the same
+    CHECK(f.params() == before);         // nothing applied in phase one
+    CHECK(f.shard.version() == 0);
+    CHECK(f.shard.close_round(1, true) == 1);
+    const auto after = f.params();
+    for (std::size_t i = 0; i < kModelSize; ++i)
+      CHECK(after[i] == doctest::Approx(before[i] + 0.25f));
+    CHECK(f.shard.close_round(1, true) == 1);  // a repeated close is a no-op
+    CHECK(f.params() == after);
+  }
+  SUBCASE("prepare, then abort") {
+    f.shard.open_round(1, {"a"});
+    auto m = testing::push_all("a", f.delta(), 1, 1, update);
+    REQUIRE(f.shard.handle(m));
+    REQUIRE(f.shard.prepare_round(1).ok);
+    CHECK(f.shard.close_round(1, false) == 0);
+    CHECK(f.params() == before);
+    CHECK(f.shard.last_closed() == 1);
+    CHECK(f.shard.prepare_round(1).ok);  // closed already: a late retry is answered ok
+  }
+}
+
+TEST_CASE(
+    "shard: a restarted coordinator's welcome commits a prepared round it committed, else drops "
+    "it") {
+  Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
+  std::vector<float> update(kModelSize, 0.25f);
+  f.shard.on_welcome(11, 0);
+  f.shard.open_round(1, {"a"});
+  auto m = testing::push_all("a", f.delta(), 1, 1, update);
+  REQUIRE(f.shard.handle(m));
+  REQUIRE(f.shard.prepare_round(1).ok);
+
+  SUBCASE("the new coordinator committed round 1") {
+    f.shard.on_welcome(22, 1);
+    CHECK(f.shard.last_closed() == 1);
+    CHECK(f.shard.version() == 1);
+  }
+  SUBCASE("the new coordinator is at round 0: round 1 is dropped, to be reopened") {
+    f.shard.on_welcome(22, 0);
+    CHECK(f.shard.last_closed() == 0);
+    CHECK(f.shard.version() == 0);
+    auto resend = testing::push_all("a", f.delta(), 1, 2, update);
+    REQUIRE(f.shard.handle(resend));
+    CHECK(f.last_ack("a").reason == "round 1 has not opened on this shard");
+  }
+  SUBCASE("a welcome from the same coordinator (a reconnect) keeps the round") {
+    f.shard.on_welcome(11, 0);
+    CHECK(f.shard.close_round(1, true) == 1);
+  }
+}
+
+// ---- data-parallel ------------------------------------------------------------------------
+
+transport::Push gradient(const Fixture& f, std::uint64_t clock) {
+  return transport::Push{.shard = 0,
+                         .begin = f.shard.begin(),
+                         .end = f.shard.end(),
+                         .kind = transport::PushKind::kGradient,
+                         .clock = clock};
+}
+
+transport::Message pull(const Fixture& f, const NodeId& worker, std::uint64_t clock) {
+  return testing::message(
+      worker,
+      transport::Pull{
+          .shard = 0, .begin = f.shard.begin(), .end = f.shard.end(), .min_version = clock});
+}
+
+// PullReplies sent to `worker`.
+std::size_t replies_to(const Fixture& f, const NodeId& worker) {
+  std::size_t n = 0;
+  for (const auto& [sent, reply] : f.out.of<transport::PullReply>())
+    n += sent.peer == "peer:" + worker ? 1 : 0;
+  return n;
+}
+
+TEST_CASE(
+    "SSP shard: a pull is answered only while the puller's clock is within s of the slowest") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=ssp", "server.staleness=1",
+             "server.clients_per_round=2"});
+  std::vector<float> g(kModelSize, 0.1f);
+  std::uint64_t seq = 0;
+  auto push = [&](const NodeId& w, std::uint64_t clock) {
+    auto m = testing::push_all(w, gradient(f, clock), 1, ++seq, g);
+    REQUIRE(f.shard.handle(m));
+    REQUIRE(f.last_ack(w).accepted);
+  };
+  auto ask = [&](const NodeId& w, std::uint64_t clock) {
+    auto m = pull(f, w, clock);
+    REQUIRE(f.shard.handle(m));
+  };
+  ask("a", 0);
+  CHECK(replies_to(f, "a") == 1);
+  push("a", 0);
+  ask("a", 1);  // 1 - 0 <= 1
+  CHECK(replies_to(f, "a") == 2);
+  push("a", 1);
+  ask("a", 2);  // 2 - 0 > 1: waits for the slowest worker
+  CHECK(replies_to(f, "a") == 2);
+  push("b", 0);  // the slowest is at 1 now: 2 - 1 <= 1
+  CHECK(replies_to(f, "a") == 3);
+  CHECK(f.shard.version() == 3);
+
+  SUBCASE("a gradient for the wrong clock is refused") {
+    auto m = testing::push_all("b", gradient(f, 5), 1, ++seq, g);
+    REQUIRE(f.shard.handle(m));
+    CHECK_FALSE(f.last_ack("b").accepted);
+    CHECK(f.last_ack("b").reason == "gradient for clock 5, expected 1");
+  }
+}
+
+TEST_CASE("BSP shard: a step waits for every worker and applies the sum in worker order") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=bsp", "server.clients_per_round=3",
+             "server_optimizer.name=sgd", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  // Summed in arrival order (c, a, b) the step would be (1 + 1e8) - 1e8 = 0 in fp32; in worker
+  // order (a, b, c) it is (1e8 - 1e8) + 1 = 1.
+  std::vector<float> ga(kModelSize, 1e8f), gb(kModelSize, -1e8f), gc(kModelSize, 1.0f);
+  std::uint64_t seq = 0;
+  auto push = [&](const NodeId& w, std::vector<float>& g) {
+    auto m = testing::push_all(w, gradient(f, 0), 1, ++seq, g);
+    REQUIRE(f.shard.handle(m));
+    CHECK(f.last_ack(w).accepted);
+  };
+  push("c", gc);
+  push("a", ga);
+  CHECK(f.shard.version() == 0);
+  CHECK(f.params() == before);
+  push("b", gb);
+  CHECK(f.shard.version() == 1);
+  const auto after = f.params();
+  for (std::size_t i = 0; i < kModelSize; ++i) CHECK(after[i] == doctest::Approx(before[i] - 1.0f));
+
+  SUBCASE("a non-finite gradient is refused and the model stays") {
+    std::vector<float> bad(kModelSize, 0.0f);
+    bad[2] = std::nanf("");
+    auto m = testing::push_all("a", gradient(f, 1), 1, ++seq, bad);
+    REQUIRE(f.shard.handle(m));
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason == "gradient has non-finite values");
+    CHECK(f.params() == after);
+  }
+}
+
+TEST_CASE("ASP shard: gradients apply as they stream, chunk by chunk, and a pull never waits") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=asp", "server.clients_per_round=2",
+             "server_optimizer.name=sgd", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  std::vector<float> g(kModelSize, 1.0f);
+  auto head = testing::push_chunk("a", gradient(f, 0), 1, 1, g, 0, 3, false);
+  REQUIRE(f.shard.handle(head));
+  auto mid = f.params();
+  CHECK(mid[0] == doctest::Approx(before[0] - 1.0f));  // the first chunk is applied already
+  CHECK(mid[5] == before[5]);
+  CHECK(f.shard.version() == 0);
+  auto tail = testing::push_chunk("a", gradient(f, 0), 1, 1, g, 3, 3, true);
+  REQUIRE(f.shard.handle(tail));
+  CHECK(f.last_ack("a").accepted);
+  CHECK(f.shard.version() == 1);
+  auto far_ahead = pull(f, "a", 10);
+  REQUIRE(f.shard.handle(far_ahead));
+  CHECK(replies_to(f, "a") == 1);
+}
+
+// ---- FedBuff --------------------------------------------------------------------------------
+
+TEST_CASE("FedBuff shard: a step needs K buffered updates, and an abort puts them back") {
+  Fixture f({"server.mode=fedbuff", "server.buffer_size=2", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  std::vector<float> u1(kModelSize, 1.0f), u2(kModelSize, 3.0f);
+  auto m1 = testing::push_all("a", f.delta(), 1, 1, u1);
+  REQUIRE(f.shard.handle(m1));
+  CHECK(f.last_ack("a").accepted);
+  CHECK(f.shard.buffered() == 1);
+
+  const auto short_of_k = f.shard.prepare_round(1);
+  CHECK_FALSE(short_of_k.ok);
+  CHECK(short_of_k.reason == "shard 0 holds 1 of 2 updates");
+  (void)f.shard.close_round(1, false);
+
+  auto m2 = testing::push_all("b", f.delta(), 2, 2, u2);
+  REQUIRE(f.shard.handle(m2));
+  CHECK(f.shard.buffered() == 2);
+  REQUIRE(f.shard.prepare_round(1).ok);
+  CHECK(f.shard.buffered() == 0);
+  CHECK(f.shard.prepared_count() == 2);
+
+  (void)f.shard.close_round(1, false);  // abort: the step's updates go back into the buffer
+  CHECK(f.shard.buffered() == 2);
+  CHECK(f.shard.version() == 0);
+  CHECK(f.params() == before);
+
+  REQUIRE(f.shard.prepare_round(1).ok);
+  CHECK(f.shard.close_round(1, true) == 1);
+  CHECK(f.shard.buffered() == 0);
+  CHECK(f.shard.last_closed() == 1);
+  // Both updates are fresh (staleness 0, weight 1): the step moves by their mean.
+  const auto after = f.params();
+  for (std::size_t i = 0; i < kModelSize; ++i) CHECK(after[i] == doctest::Approx(before[i] + 2.0f));
+
+  SUBCASE("an update from a future version is refused") {
+    auto future = f.delta();
+    future.base_version = 5;
+    auto m = testing::push_all("c", future, 3, 3, u1);
+    REQUIRE(f.shard.handle(m));
+    CHECK(f.last_ack("c").reason == "update from a future version");
+  }
+}
+
+TEST_CASE("FedBuff shard: a restarted coordinator puts a prepared step back into the buffer") {
+  Fixture f({"server.mode=fedbuff", "server.buffer_size=1"});
+  std::vector<float> u(kModelSize, 1.0f);
+  f.shard.on_welcome(11, 0);
+  auto m = testing::push_all("a", f.delta(), 1, 1, u);
+  REQUIRE(f.shard.handle(m));
+  REQUIRE(f.shard.prepare_round(1).ok);
+  CHECK(f.shard.buffered() == 0);
+  f.shard.on_welcome(22, 0);
+  CHECK(f.shard.buffered() == 1);
+  CHECK(f.shard.version() == 0);
+}
+
+}  // namespace
+}  // namespace cohort::server
