@@ -61,33 +61,24 @@ namespace cohort::sim {
 using namespace std::chrono_literals;
 using client::load_fashion_mnist;
 using client::make_partition;
-using client::parse_partition_spec;
 using client::trainer_options_from;
 using transport::Endpoint;
 using transport::Envelope;
 using transport::Message;
 
-Fleet::Fleet(const Config& config, transport::Context& ctx, const std::vector<std::string>& urls,
-             const std::atomic<bool>& stop, const std::function<bool()>& shards_failed)
-    : config_(config),
+Fleet::Fleet(const SimOptions& options, transport::Context& ctx,
+             const std::vector<std::string>& urls, const std::atomic<bool>& stop,
+             const std::function<bool()>& shards_failed)
+    : sim_(options),
       ctx_(ctx),
       urls_(urls),
       stop_(stop),
       shards_failed_(shards_failed),
-      pool_(config.get_int("sim.threads") > 0
-                ? static_cast<std::size_t>(config.get_int("sim.threads"))
-                : 0),
-      reporter_(config) {
-  n_ = static_cast<std::size_t>(config.get_int("sim.clients"));
-  seed_ = static_cast<std::uint64_t>(config.get_int("sim.seed"));
-  k_ = static_cast<std::size_t>(
-      std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
-  min_updates_ =
-      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
-  deadline_s_ = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
-  rounds_ = static_cast<std::uint64_t>(config.get_int("server.rounds"));
+      pool_(options.threads),
+      reporter_(options.report) {
+  n_ = options.clients;
   const std::size_t want = static_cast<std::size_t>(
-      std::ceil(static_cast<double>(k_) * config.get_double("server.overselect")));
+      std::ceil(static_cast<double>(options.server.clients_per_round) * options.server.overselect));
   expected_selected_ = std::min(std::max<std::size_t>(want, 1), n_);
   width_ = std::max<std::size_t>(5, std::to_string(n_ > 0 ? n_ - 1 : 0).size());
 }
@@ -99,7 +90,7 @@ Summary Fleet::run() {
   o.node_id = "sim-fleet";
   o.security.insecure = true;
   o.multiplex = true;
-  o.chunk_bytes = static_cast<std::size_t>(config_.get_int("transport.chunk_kib")) * 1024;
+  o.chunk_bytes = sim_.server.chunk_bytes;
   for (const auto& url : urls_)
     eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
   for (auto& e : eps_) ep_ptrs_.push_back(e.get());
@@ -178,38 +169,19 @@ std::optional<std::uint32_t> Fleet::client_of(const std::string& name) const {
 
 void Fleet::load() {
   if (n_ == 0) throw ConfigError("sim.clients must be at least 1");
-  auto data = load_fashion_mnist(config_.get_string("data.dir"));
+  auto data = load_fashion_mnist(sim_.data.dir);
   train_ = std::move(data.train);
   test_ = std::move(data.test);
-  const auto spec = parse_partition_spec(config_.get_string("data.partition"));
-  partition_ = make_partition(spec, train_.labels(), n_,
-                              static_cast<std::uint64_t>(config_.get_int("data.seed")));
-  partition_text_ = spec.to_string();
-  const auto trace = config_.get_string("sim.profile_trace");
-  if (!trace.empty()) {
-    trace_ = read_profile_trace(trace);
-  } else {
-    profile_spec_.gflops =
-        parse_distribution(config_.get_string("profile.gflops"), "profile.gflops");
-    profile_spec_.uplink_mbps =
-        parse_distribution(config_.get_string("profile.uplink_mbps"), "profile.uplink_mbps");
-    profile_spec_.downlink_mbps =
-        parse_distribution(config_.get_string("profile.downlink_mbps"), "profile.downlink_mbps");
-    profile_spec_.latency_ms =
-        parse_distribution(config_.get_string("profile.latency_ms"), "profile.latency_ms");
-    parse_availability(config_.get_string("profile.availability"), profile_spec_);
-    profile_spec_.dropout = config_.get_double("profile.dropout");
-    if (!(profile_spec_.dropout >= 0 && profile_spec_.dropout <= 1)) {
-      throw ConfigError("profile.dropout must be in [0, 1]");
-    }
-  }
+  partition_ = make_partition(sim_.data.partition, train_.labels(), n_, sim_.data.seed);
+  partition_text_ = sim_.data.partition.to_string();
+  if (!sim_.profile.trace.empty()) trace_ = read_profile_trace(sim_.profile.trace);
   COHORT_LOG(Info) << "cohort-sim: " << n_ << " virtual clients (" << partition_text_ << "), "
                    << pool_.size() << " training threads";
 }
 
 DeviceProfile Fleet::profile(std::uint32_t c) const {
   if (!trace_.empty()) return trace_[c % trace_.size()];
-  return draw_profile(profile_spec_, seed_, c);
+  return draw_profile(sim_.profile.spec, sim_.seed, c);
 }
 
 void Fleet::send(std::size_t shard, std::uint32_t client, Envelope e, transport::Payload payload) {
@@ -295,7 +267,7 @@ void Fleet::setup_model(const transport::Welcome& w) {
   for (std::size_t i = 0; i < pool_.size(); ++i) {
     auto slot = std::make_unique<Slot>();
     slot->net = device_->make_network(spec_);
-    slot->net->init(static_cast<std::uint64_t>(config_.get_int("data.seed")));
+    slot->net->init(sim_.data.seed);
     slot->trainer.emplace(*slot->net, options_);
     free_slots_.push_back(slot.get());
     slots_.push_back(std::move(slot));

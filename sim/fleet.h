@@ -22,12 +22,12 @@
 #include "cohort/client/partition.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/buffer.h"
-#include "cohort/core/config.h"
 #include "cohort/core/thread_pool.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/network.h"
 #include "cohort/sim/sim.h"
 #include "cohort/transport/endpoint.h"
+#include "options.h"
 #include "report.h"
 #include "sim_clock.h"
 
@@ -39,14 +39,15 @@ struct Slot {
   std::optional<client::LocalTrainer> trainer;
 };
 
-// Speaks for sim.clients virtual clients to the shards at `urls` until the coordinator says
-// goodbye, server.rounds rounds are committed, or `stop` is set. Not thread-safe: one thread
-// calls run() and then drain_until(); the training threads touch only their own job, the slots
-// (slots_mu_) and the results (results_mu_).
+// Speaks for options.clients virtual clients to the shards at `urls` until the coordinator says
+// goodbye, options.server.rounds rounds are committed, or `stop` is set. Not thread-safe: one
+// thread calls run() and then drain_until(); the training threads touch only their own job, the
+// slots (slots_mu_) and the results (results_mu_).
 class Fleet {
  public:
   // `shards_failed` says whether a shard's thread ended with an error (run() then throws).
-  Fleet(const Config& config, transport::Context& ctx, const std::vector<std::string>& urls,
+  // `options` must be checked for Runner::kInProcess (sim_options_from).
+  Fleet(const SimOptions& options, transport::Context& ctx, const std::vector<std::string>& urls,
         const std::atomic<bool>& stop, const std::function<bool()>& shards_failed);
 
   // Registers every client, then runs rounds; returns the run's totals. Throws what a training
@@ -182,22 +183,20 @@ class Fleet {
   void write_record(const RoundRecord& r);
   void progress_line(bool round_done);
 
-  const Config& config_;
+  const SimOptions sim_;
   transport::Context& ctx_;
   std::vector<std::string> urls_;
   const std::atomic<bool>& stop_;
   std::function<bool()> shards_failed_;
   ThreadPool pool_;
   Reporter reporter_;
-  std::size_t n_ = 0, k_ = 1, min_updates_ = 1, window_ = 4, expected_selected_ = 1, width_ = 5;
-  std::uint64_t seed_ = 1, rounds_ = 0;
-  double deadline_s_ = 60;
+  std::size_t n_ = 0;  // sim_.clients
+  std::size_t window_ = 4, expected_selected_ = 1, width_ = 5;
   Clock::time_point started_, first_round_wall_;
 
   client::Dataset train_, test_;
   client::Partition partition_;
   std::string partition_text_;
-  ProfileSpec profile_spec_;
   std::vector<DeviceProfile> trace_;
 
   std::vector<std::unique_ptr<transport::Endpoint>> eps_;

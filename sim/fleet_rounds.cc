@@ -42,9 +42,10 @@ void Fleet::plan(Collecting col) {
     times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples)});
     sel[i].finish_s = times[i].total();
     sel[i].silent =
-        !is_online(p, seed_, c, col.round, sim_now_) || drops_out(p, seed_, c, col.round);
+        !is_online(p, sim_.seed, c, col.round, sim_now_) || drops_out(p, sim_.seed, c, col.round);
   }
-  const RoundPlan plan = plan_round(sel, k_, deadline_s_);
+  const RoundPlan plan =
+      plan_round(sel, sim_.server.clients_per_round, sim_.server.round_deadline_s);
   active_.emplace();
   Active& a = *active_;
   a.round = col.round;
@@ -56,7 +57,7 @@ void Fleet::plan(Collecting col) {
   rec.round_id = col.round;
   rec.selected = col.clients.size();
   rec.completed = plan.completes;
-  rec.committed = plan.completes >= min_updates_;
+  rec.committed = plan.completes >= sim_.server.min_updates;
   rec.sim_round_s = plan.close_s;
   sim_now_ += plan.close_s;
   rec.sim_total_s = sim_now_;
@@ -147,7 +148,7 @@ void Fleet::on_pulled(Job& job) {
     if (job.fate == Fate::kStraggler) {
       std::snprintf(why, sizeof why,
                     "could not push before the deadline (simulated finish %.1f s > %.1f s)",
-                    job.time.total(), deadline_s_);
+                    job.time.total(), sim_.server.round_deadline_s);
     } else {
       std::snprintf(why, sizeof why,
                     "the round closed before this update (simulated finish %.1f s)",
@@ -182,8 +183,7 @@ void Fleet::submit(Job& job) {
       if (j->kind == Job::Kind::kEvaluate) {
         j->eval = slot->trainer->evaluate(test_);
       } else {
-        const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL +
-                          j->rs.model_version * 7919ULL + j->client;
+        const auto seed = sim_.data.seed * 1000003ULL + j->rs.model_version * 7919ULL + j->client;
         j->result = slot->trainer->train(train_, partition_[j->client], seed);
         const auto trained = slot->net->parameters();
         FloatBuffer& delta = *j->delta;
@@ -238,10 +238,11 @@ void Fleet::push(Job& job) {
   job.acks_pending = shards_.size();
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
     const auto& s = shards_[i];
-    auto e = client::push_request(s, client::PushFields{.round = job.rs.round,
-                                                        .num_samples = partition_[job.client].size(),
-                                                        .base_version = job.rs.model_version,
-                                                        .train_loss = static_cast<float>(job.result.mean_loss)});
+    auto e = client::push_request(
+        s, client::PushFields{.round = job.rs.round,
+                              .num_samples = partition_[job.client].size(),
+                              .base_version = job.rs.model_version,
+                              .train_loss = static_cast<float>(job.result.mean_loss)});
     const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
     job.bytes_up += slice.size();
     // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
@@ -389,11 +390,12 @@ void Fleet::progress_line(bool round_done) {
     v.clients = n_;
   } else {
     const std::uint64_t done = summary_.committed;
-    v.eta_s = done > 0 ? seconds_since(first_round_wall_) / static_cast<double>(done) *
-                             static_cast<double>(rounds_ - std::min(done, rounds_))
-                       : 0.0;
+    v.eta_s = done > 0
+                  ? seconds_since(first_round_wall_) / static_cast<double>(done) *
+                        static_cast<double>(sim_.server.rounds - std::min(done, sim_.server.rounds))
+                  : 0.0;
     v.round = summary_.rounds;
-    v.rounds = rounds_;
+    v.rounds = sim_.server.rounds;
     if (active_ && !round_done) {
       for (const auto& j : active_->jobs) v.reported += j->done ? 1 : 0;
       v.selected = active_->record.selected;

@@ -6,7 +6,6 @@
 #include <optional>
 #include <thread>
 
-#include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
 #include "cohort/server/server.h"
 #include "cohort/sim/sim.h"
@@ -17,8 +16,10 @@
 namespace cohort::sim {
 namespace {
 
-// The server's configuration for shard `index` of the simulation.
-Config shard_config(const Config& sim, std::uint32_t index, const std::vector<std::string>& urls) {
+// The server's configuration for shard `index` of the simulation: the server's keys the
+// simulation's file or flags set, forwarded, and those cohort-sim sets itself.
+Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t index,
+                    const std::vector<std::string>& urls) {
   const ConfigSchema schema = server::config_schema();
   Config c(schema);
   for (const auto& o : schema.options()) {
@@ -50,8 +51,8 @@ Config shard_config(const Config& sim, std::uint32_t index, const std::vector<st
   c.set_value("server.coordinator", index == 0 ? std::string() : urls[0]);
   c.set_value("server.name", "shard-" + std::to_string(index));
   c.set_value("server.port_file", std::string());
-  c.set_value("server.min_clients", sim.get_int("sim.clients"));
-  c.set_value("server.round_deadline_ms", sim.get_int("sim.wall_deadline_ms"));
+  c.set_value("server.min_clients", static_cast<std::int64_t>(options.clients));
+  c.set_value("server.round_deadline_ms", options.wall_deadline_ms);
   c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
   c.set_value("tls.insecure", true);
   if (index != 0) c.set_value("server.metrics_file", std::string());
@@ -66,24 +67,15 @@ std::string sim_url(std::uint64_t run, std::uint32_t shard) {
 
 Summary run_in_process(const Config& config, const Registries& registries,
                        const std::atomic<bool>& stop) {
-  if (config.get_string("server.mode") != "federated") {
-    throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
-  }
-  check_client_side(config);
-  if (!client::trainer_options_from(config.section("train")).reset_optimizer_state) {
-    // Training threads are shared by all clients; per-client optimizer state is not kept.
-    throw ConfigError(
-        "the simulation keeps no optimizer state between a client's rounds: "
-        "train.reset_optimizer_state = false is not simulated");
-  }
-  const auto shards =
-      static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
+  const SimOptions options = sim_options_from(config, Runner::kInProcess);
+  const std::uint32_t shards = options.server.shards;
   static std::atomic<std::uint64_t> runs{0};
   const std::uint64_t run = ++runs;
   std::vector<std::string> urls;
   for (std::uint32_t i = 0; i < shards; ++i) urls.push_back(sim_url(run, i));
   std::vector<Config> shard_configs;
-  for (std::uint32_t i = 0; i < shards; ++i) shard_configs.push_back(shard_config(config, i, urls));
+  for (std::uint32_t i = 0; i < shards; ++i)
+    shard_configs.push_back(shard_config(config, options, i, urls));
 
   transport::Context ctx;
   std::atomic<bool> stop_shards{false};
@@ -112,7 +104,7 @@ Summary run_in_process(const Config& config, const Registries& registries,
   {
     std::optional<Fleet> fleet;
     try {
-      fleet.emplace(config, ctx, urls, stop, [&] { return failed.load(); });
+      fleet.emplace(options, ctx, urls, stop, [&] { return failed.load(); });
       summary = fleet->run();
       if (!stop.load()) fleet->drain_until(all_finished);
     } catch (...) {

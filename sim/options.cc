@@ -1,7 +1,8 @@
 // cohort-sim's configuration: its schema (the server's keys, the clients' data.*, the fleet's
-// sim.* and the device profile.*) and the checks both runners make before they start.
+// sim.* and the device profile.*), and the typed SimOptions filled and checked from it.
 #include "options.h"
 
+#include <algorithm>
 #include <string>
 
 #include "cohort/aggregation/registries.h"
@@ -28,6 +29,9 @@ bool set_by_sim(std::string_view key) {
   return key.rfind("tls.", 0) == 0;
 }
 
+namespace {
+
+// The clients' keys, checked before any shard or client starts.
 void check_client_side(const Config& config) {
   (void)trainer_options_from(config.section("train"));
   // The fleet trains on CPU threads of its own (sim.threads): a train.device or train.threads
@@ -45,6 +49,78 @@ void check_client_side(const Config& config) {
   if (threads < 0 || threads > 1024) {
     throw ConfigError("sim.threads must be between 0 and 1024, got " + std::to_string(threads));
   }
+}
+
+// The in-process fleet's own refusals: per-client optimizer state, and the device profiles
+// (parsed only without a trace, which overrides them).
+void check_in_process(const Config& config, SimOptions& o) {
+  if (!trainer_options_from(config.section("train")).reset_optimizer_state) {
+    // Training threads are shared by all clients; per-client optimizer state is not kept.
+    throw ConfigError(
+        "the simulation keeps no optimizer state between a client's rounds: "
+        "train.reset_optimizer_state = false is not simulated");
+  }
+  if (!o.profile.trace.empty()) return;
+  ProfileSpec& p = o.profile.spec;
+  p.gflops = parse_distribution(config.get_string("profile.gflops"), "profile.gflops");
+  p.uplink_mbps =
+      parse_distribution(config.get_string("profile.uplink_mbps"), "profile.uplink_mbps");
+  p.downlink_mbps =
+      parse_distribution(config.get_string("profile.downlink_mbps"), "profile.downlink_mbps");
+  p.latency_ms = parse_distribution(config.get_string("profile.latency_ms"), "profile.latency_ms");
+  parse_availability(config.get_string("profile.availability"), p);
+  p.dropout = config.get_double("profile.dropout");
+  if (!(p.dropout >= 0 && p.dropout <= 1)) throw ConfigError("profile.dropout must be in [0, 1]");
+}
+
+ServerKeys server_keys_from(const Config& config) {
+  ServerKeys s;
+  s.mode =
+      config.get_string("server.mode") == "federated" ? ServerMode::kFederated : ServerMode::kOther;
+  s.shards = static_cast<std::uint32_t>(std::max<std::int64_t>(1, config.get_int("server.shards")));
+  s.clients_per_round = static_cast<std::size_t>(
+      std::max<std::int64_t>(1, config.get_int("server.clients_per_round")));
+  s.min_updates =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
+  s.overselect = config.get_double("server.overselect");
+  s.rounds = static_cast<std::uint64_t>(config.get_int("server.rounds"));
+  s.round_deadline_s = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
+  s.chunk_bytes = static_cast<std::size_t>(config.get_int("transport.chunk_kib")) * 1024;
+  return s;
+}
+
+}  // namespace
+
+SimOptions sim_options_from(const Config& config, Runner runner) {
+  SimOptions o;
+  o.server = server_keys_from(config);
+  if (runner == Runner::kInProcess && o.server.mode != ServerMode::kFederated) {
+    throw ConfigError("cohort-sim simulates federated rounds: server.mode must be \"federated\"");
+  }
+  check_client_side(config);
+  o.clients = static_cast<std::size_t>(config.get_int("sim.clients"));
+  o.threads = static_cast<std::size_t>(config.get_int("sim.threads"));
+  o.seed = static_cast<std::uint64_t>(config.get_int("sim.seed"));
+  o.wall_deadline_ms = config.get_int("sim.wall_deadline_ms");
+  o.log_dir = config.get_string("sim.log_dir");
+  o.data.dir = config.get_string("data.dir");
+  o.data.partition_text = config.get_string("data.partition");
+  o.data.partition = parse_partition_spec(o.data.partition_text);
+  o.data.seed = static_cast<std::uint64_t>(config.get_int("data.seed"));
+  o.profile.trace = config.get_string("sim.profile_trace");
+  o.report.metrics_file = config.get_string("sim.metrics_file");
+  o.report.csv_file = config.get_string("sim.csv_file");
+  o.report.progress = config.get_bool("sim.progress");
+  if (runner == Runner::kInProcess) {
+    check_in_process(config, o);
+  } else {
+    constexpr std::size_t kMaxProcesses = 200;
+    if (o.clients > kMaxProcesses) {
+      throw ConfigError("--processes starts one process per client: sim.clients must be 1.." +
+                        std::to_string(kMaxProcesses) + ", got " + std::to_string(o.clients));
+    }
+  }
+  return o;
 }
 
 ConfigSchema sim_config_schema() {

@@ -1,11 +1,16 @@
-// cohort-sim's options, shared by its two runners: the server keys it sets itself and the checks
-// of the clients' keys. sim_config_schema() (cohort/sim/sim.h) is defined with them.
-// Private to sim/.
+// cohort-sim's options: the typed SimOptions the fleet, the reporter and both runners take, filled
+// and checked from the simulation's Config in one place (sim_options_from), and the server keys
+// it sets itself. sim_config_schema() (cohort/sim/sim.h) is defined with them. Private to sim/.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
 #include <string_view>
 
+#include "cohort/client/partition.h"
 #include "cohort/core/config.h"
+#include "sim_clock.h"
 
 namespace cohort::sim {
 
@@ -13,8 +18,66 @@ namespace cohort::sim {
 // ..., tls.*): such keys are not in its schema.
 bool set_by_sim(std::string_view key);
 
-// The clients' keys, checked before any shard starts: an unknown train.* key or a bad value is a
-// one-line error at start-up, not a failure after the virtual clients joined. Throws ConfigError.
-void check_client_side(const Config& config);
+// Which runner the options are for: each checks what it needs, and only that (--processes has no
+// device profiles, so it does not read profile.*).
+enum class Runner { kInProcess, kProcesses };
+
+// server.mode as far as cohort-sim decides on it: the in-process fleet simulates federated rounds
+// only; --processes hands any mode to cohort-server, which checks it.
+enum class ServerMode { kFederated, kOther };
+
+// What the fleet and the runners need of the server's keys (the shards themselves get the keys
+// as the file set them).
+struct ServerKeys {
+  ServerMode mode = ServerMode::kFederated;  // server.mode
+  std::uint32_t shards = 1;                  // server.shards, at least 1
+  std::size_t clients_per_round = 1;         // K: server.clients_per_round, at least 1
+  std::size_t min_updates = 1;               // server.min_updates, at least 1
+  double overselect = 1.0;                   // server.overselect
+  std::uint64_t rounds = 0;                  // server.rounds
+  double round_deadline_s = 60;              // server.round_deadline_ms, on the simulated clock
+  std::size_t chunk_bytes = 0;               // transport.chunk_kib, in bytes
+};
+
+// data.*: the clients' data and how it is split among them.
+struct DataOptions {
+  std::string dir;                  // data.dir: the Fashion-MNIST IDX files
+  std::string partition_text;       // data.partition as written (--processes forwards it)
+  client::PartitionSpec partition;  // data.partition, parsed
+  std::uint64_t seed = 1;           // data.seed: partition, local shuffles, initial model
+};
+
+// The devices: a measured trace, or per-client draws from the profile.* distributions.
+struct ProfileOptions {
+  std::string trace;  // sim.profile_trace; empty: draw from `spec`
+  ProfileSpec spec;   // profile.*: parsed (in-process runner) only when `trace` is empty
+};
+
+// sim.metrics_file, sim.csv_file, sim.progress.
+struct ReportOptions {
+  std::string metrics_file;  // per-round JSON lines; empty: none
+  std::string csv_file;      // the same as CSV; empty: none
+  bool progress = true;      // live progress line on stderr
+};
+
+struct SimOptions {
+  std::size_t clients = 100;          // sim.clients, at least 1
+  std::size_t threads = 0;            // sim.threads: local-training threads (0: one per core)
+  std::uint64_t seed = 1;             // sim.seed: profiles, availability, dropouts
+  std::int64_t wall_deadline_ms = 0;  // sim.wall_deadline_ms: the shards' real-time deadline
+  std::string log_dir;                // sim.log_dir (--processes; empty: a new temp folder)
+  ServerKeys server;
+  DataOptions data;
+  ProfileOptions profile;
+  ReportOptions report;
+};
+
+// Fills SimOptions from a Config of sim_config_schema() and checks it for `runner`, in this order:
+// (in-process) server.mode is federated; the clients' keys (an unknown train.* key, a bad value,
+// train.device or train.threads, data.partition, data.seed, sim.clients, sim.threads), so that
+// a bad one is a one-line error at start-up, not a failure after the virtual clients joined;
+// then (in-process) train.reset_optimizer_state and profile.*, (--processes) at most 200 clients.
+// Throws ConfigError.
+SimOptions sim_options_from(const Config& config, Runner runner);
 
 }  // namespace cohort::sim

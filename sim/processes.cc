@@ -111,25 +111,19 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
 
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
                   const std::atomic<bool>& stop) {
-  check_client_side(config);
-  const auto n = config.get_int("sim.clients");
-  constexpr std::int64_t kMaxProcesses = 200;
-  if (n < 1 || n > kMaxProcesses) {
-    throw ConfigError("--processes starts one process per client: sim.clients must be 1.." +
-                      std::to_string(kMaxProcesses) + ", got " + std::to_string(n));
-  }
+  const SimOptions options = sim_options_from(config, Runner::kProcesses);
+  const auto n = static_cast<std::int64_t>(options.clients);
   const auto server_bin = bin_dir / "cohort-server", client_bin = bin_dir / "cohort-client";
   for (const auto& b : {server_bin, client_bin}) {
     if (access(b.c_str(), X_OK) != 0)
       throw ConfigError("--processes needs " + b.string() + " (build it next to cohort-sim)");
   }
-  const auto dir =
-      config.get_string("sim.log_dir").empty()
-          ? std::filesystem::temp_directory_path() / ("cohort-sim-" + std::to_string(getpid()))
-          : std::filesystem::path(config.get_string("sim.log_dir"));
+  const auto dir = options.log_dir.empty() ? std::filesystem::temp_directory_path() /
+                                                 ("cohort-sim-" + std::to_string(getpid()))
+                                           : std::filesystem::path(options.log_dir);
   std::filesystem::create_directories(dir);
   write_server_toml(config, dir / "server.toml", n);
-  const auto shards = std::max<std::int64_t>(1, config.get_int("server.shards"));
+  const auto shards = static_cast<std::int64_t>(options.server.shards);
   std::vector<pid_t> servers, clients;
   auto kill_all = [&](std::vector<pid_t>& pids) {
     for (pid_t p : pids) kill(p, SIGTERM);
@@ -156,12 +150,12 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
     for (std::int64_t i = 0; i < n; ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "c%0*lld", width, static_cast<long long>(i));
-      clients.push_back(spawn({client_bin, "--insecure", "--server", coordinator, "--name", name,
-                               "--data", config.get_string("data.partition"), "--part",
-                               std::to_string(i) + "/" + std::to_string(n), "--set",
-                               "data.dir=" + config.get_string("data.dir"), "--set",
-                               "data.seed=" + std::to_string(config.get_int("data.seed"))},
-                              dir / (std::string(name) + ".log")));
+      clients.push_back(
+          spawn({client_bin, "--insecure", "--server", coordinator, "--name", name, "--data",
+                 options.data.partition_text, "--part", std::to_string(i) + "/" + std::to_string(n),
+                 "--set", "data.dir=" + options.data.dir, "--set",
+                 "data.seed=" + std::to_string(options.data.seed)},
+                dir / (std::string(name) + ".log")));
     }
     std::fprintf(stderr,
                  "cohort-sim --processes: %lld shards and %lld clients on loopback; logs in %s\n",

@@ -34,10 +34,10 @@ std::string human_duration(double s) {
   return buf;
 }
 
-Reporter::Reporter(const Config& config) : metrics_(config.get_string("sim.metrics_file")) {
-  progress_ = config.get_bool("sim.progress");
+Reporter::Reporter(const ReportOptions& options) : metrics_(options.metrics_file) {
+  progress_ = options.progress;
   tty_ = isatty(fileno(stderr)) != 0;
-  const auto csv = config.get_string("sim.csv_file");
+  const auto& csv = options.csv_file;
   if (!csv.empty()) {
     csv_.open(csv, std::ios::trunc);
     if (!csv_) throw ConfigError("cannot write sim.csv_file " + csv);

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "cohort/core/config.h"
 #include "cohort/core/metrics.h"
+#include "options.h"
 
 namespace cohort::sim {
 
@@ -51,9 +51,9 @@ struct ProgressView {
 // Writes the round records and the progress line. Not thread-safe: the fleet's thread uses it.
 class Reporter {
  public:
-  // Opens sim.metrics_file and sim.csv_file (with its header); reads sim.progress. Throws
-  // ConfigError if the CSV cannot be written.
-  explicit Reporter(const Config& config);
+  // Opens the metrics file and the CSV (with its header), each unless its name is empty. Throws
+  // ConfigError if either cannot be written.
+  explicit Reporter(const ReportOptions& options);
 
   // Writes `r` as a sim_round JSON line and a CSV row; `wall_s` is host time since the start.
   // The record becomes the one the progress line shows.
