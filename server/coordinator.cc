@@ -150,6 +150,7 @@ bool Coordinator::tick_federated(TimePoint now) {
                                std::to_string(rule_min_) + ")"
                          : "server.min_updates = " + std::to_string(min_updates_)));
       if (finished_) return false;
+      closing_round_ = round_;  // the shards close (and drop) this round, not the one before
       close_round(false);
     } else {
       // Phase one: every shard's rule computes its aggregate; the round commits only if all could.

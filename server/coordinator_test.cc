@@ -131,13 +131,10 @@ TEST_CASE("coordinator: a federated round waits for its cohort and closes at the
   }
 }
 
-// KNOWN BUG (pre-existing, kept by the restructuring): a federated round that fails at its
-// deadline with fewer than server.min_updates (or the rule's minimum) complete updates is closed
-// with the close of the *previous* round (closing_round_ is set only by prepare_close), so the
-// shards keep the failed round open and refuse every push of the next rounds as "push for another
-// round". Enable this test with the fix (closing_round_ = round_ before that close_round(false)).
-TEST_CASE("coordinator: a round that failed with too few updates leaves the next round working" *
-          doctest::skip()) {
+// A round that fails at its deadline with too few complete updates is closed (aborted) on every
+// shard under its own number: closing the previous round's number instead left the failed round
+// open on the shards, which then refused every push of the next rounds as "push for another round".
+TEST_CASE("coordinator: a round that failed with too few updates leaves the next round working") {
   Fixture f({"server.mode=federated", "server.rounds=3", "server.clients_per_round=2",
              "server.min_clients=2", "server.min_updates=2", "server.round_deadline_ms=1000"});
   f.register_client("a");
