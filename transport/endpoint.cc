@@ -8,15 +8,10 @@
 
 #include <zmq.hpp>
 
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -35,34 +30,8 @@ struct Context::Impl {
   }
 };
 
-namespace {
-
-// ZeroMQ mallocs each received frame larger than its 8 KiB batch (every bulk chunk) on its I/O
-// thread, and we free it on ours. With glibc's defaults the arena's free top goes back to the
-// kernel (MADV_DONTNEED) as soon as it exceeds twice the largest recent block, so later frames
-// fault their pages in again (~16 us per 4 KiB). Measured on 64 MiB TLS transfers: ~2,000 faults
-// per transfer on the receiver's I/O thread, half of its receive time; fixing it gained ~25% for
-// plain and TLS. So, once per process: keep up to kRetainedFreeBytes of free top per arena, and
-// serve blocks up to 32 MiB (glibc's maximum) from the arenas instead of fresh mmaps. Setting
-// either turns off glibc's dynamic thresholds, hence both. Process-wide, like the Context.
-constexpr int kRetainedFreeBytes = 64 << 20;
-constexpr int kMmapThresholdBytes = 32 << 20;
-
-void keep_frame_memory_mapped() {
-#if defined(__GLIBC__)
-  static std::once_flag once;
-  std::call_once(once, [] {
-    (void)mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
-    (void)mallopt(M_TRIM_THRESHOLD, kRetainedFreeBytes);
-  });
-#endif
-}
-
-}  // namespace
-
-Context::Context(int io_threads) : impl_(std::make_unique<Impl>(io_threads)) {
-  keep_frame_memory_mapped();
-}
+// The allocator tuning that frames want is the program's call (cohort/transport/allocator.h).
+Context::Context(int io_threads) : impl_(std::make_unique<Impl>(io_threads)) {}
 Context::~Context() = default;
 
 void Endpoint::Impl::read_monitor() {

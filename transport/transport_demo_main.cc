@@ -22,6 +22,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/transport/allocator.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/keygen.h"
 
@@ -211,6 +212,7 @@ int self_contained(const std::string& self, std::size_t mib, int repeat, bool in
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"Moves a large tensor between two processes over Cohort's encrypted transport."};
   app.require_subcommand(0, 1);
   std::size_t mib = 64;
