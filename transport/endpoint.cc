@@ -16,6 +16,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
+#include "aead.h"
 #include "endpoint_impl.h"
 
 namespace cohort::transport {
@@ -201,6 +202,8 @@ std::unique_ptr<Endpoint::Impl> make_impl(const std::string& url, EndpointOption
       throw ConfigError("TLS is on by default: set tls.ca_file, tls.cert_file and tls.key_file "
                         "(make them with cohort-keygen), or pass --insecure for plaintext");
     }
+    impl->aead = detail::aead_backend(options.security.aead);
+    (void)sec::FrameCipher::backend(impl->aead);  // ConfigError if it cannot run here
     impl->tls = std::make_unique<security::TlsContext>(security::TlsFiles{
         options.security.ca_file, options.security.cert_file, options.security.key_file});
     if (impl->tls->local_id() != options.node_id) {

@@ -164,6 +164,7 @@ struct Endpoint::Impl {
   std::string url;
   EndpointOptions options;
   std::unique_ptr<security::TlsContext> tls;
+  security::AeadBackend aead = security::AeadBackend::kAuto;  // options.security.aead, checked
   std::shared_ptr<BufferPool> buffers;
   std::unordered_map<PeerHandle, Session> sessions;  // ROUTER: by routing id; DEALER: key ""
   std::deque<Message> inbox;

@@ -232,7 +232,7 @@ std::size_t Endpoint::Impl::open_window() const {
 // worker per chunk cost more than it saved (16 MiB pushes on 2 cores: 3.3 GB/s through the pool,
 // 4.2 inline; pulls 3.3 and 4.7).
 ThreadPool* Endpoint::Impl::crypto_pool() const {
-  return sec::FrameCipher::vector_aes() ? nullptr : options.pool;
+  return sec::FrameCipher::vector_aes(aead) ? nullptr : options.pool;
 }
 
 // Commits every pending record, in order.

@@ -37,8 +37,8 @@ void Endpoint::Impl::start_client_handshake() {
 // The client is done before the server has checked its certificate, so it waits for kAccept.
 void Endpoint::Impl::finish_handshake(const PeerHandle& peer, Session& s) {
   const sec::SessionKeys keys = s.handshake->keys();
-  s.tx = std::make_unique<sec::FrameCipher>(keys.tx);
-  s.rx = std::make_unique<sec::FrameCipher>(keys.rx);
+  s.tx = std::make_unique<sec::FrameCipher>(keys.tx, aead);
+  s.rx = std::make_unique<sec::FrameCipher>(keys.rx, aead);
   s.peer_id = s.handshake->peer_id();
   s.handshake.reset();
   s.window = sec::ReplayWindow{};
