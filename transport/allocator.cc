@@ -1,5 +1,7 @@
 #include "cohort/transport/allocator.h"
 
+#include <cstdlib>  // first: defines __GLIBC__ (through <features.h>) on glibc
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
