@@ -69,9 +69,9 @@ EndpointOptions endpoint_options_from(const Config& config, NodeId node_id) {
   (void)security::FrameCipher::backend(detail::aead_backend(o.security.aead));
   o.chunk_bytes = static_cast<std::size_t>(int_in_range(config, "transport.chunk_kib", 4, 65536)) *
                   1024;
-  if (const auto queue = int_in_range(config, "transport.receive_queue", 0, 65536); queue > 0) {
-    o.receive_queue = static_cast<int>(queue);
-  }
+  // Checked here for every program; applied by the one that listens (a shard), whose automatic
+  // choice depends on how it is used.
+  (void)int_in_range(config, "transport.receive_queue", 0, 65536);
   return o;
 }
 

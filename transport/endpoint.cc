@@ -35,6 +35,19 @@ struct Context::Impl {
 Context::Context(int io_threads) : impl_(std::make_unique<Impl>(io_threads)) {}
 Context::~Context() = default;
 
+// At most 5 warnings a second: a flood of bad records from one peer must not flood the log.
+void Endpoint::Impl::warn_limited(const std::string& text) {
+  const auto now_s = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count());
+  if (now_s != warn_budget_reset) {
+    warn_budget_reset = now_s;
+    warnings_this_second = 0;
+  }
+  if (++warnings_this_second <= 5) {
+    COHORT_LOG(Warn) << url << ": " << text;
+  }
+}
+
 void Endpoint::Impl::read_monitor() {
   for (;;) {
     zmq::message_t event;

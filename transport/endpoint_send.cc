@@ -75,18 +75,6 @@ void Endpoint::Impl::send_control(const PeerHandle& peer, Kind kind, std::span<c
   send_frames(peer, message_from(std::span<const std::byte>(h)), message_from(a), std::move(second));
 }
 
-void Endpoint::Impl::warn_limited(const std::string& text) {
-  const auto now_s = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::seconds>(Clock::now().time_since_epoch()).count());
-  if (now_s != warn_budget_reset) {
-    warn_budget_reset = now_s;
-    warnings_this_second = 0;
-  }
-  if (++warnings_this_second <= 5) {
-    COHORT_LOG(Warn) << url << ": " << text;
-  }
-}
-
 Envelope detail::Outgoing::envelope_for(std::uint32_t i, std::uint64_t& seq) const {
   if (i == 0) return head;
   Envelope c;

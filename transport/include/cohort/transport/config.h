@@ -16,12 +16,12 @@ namespace cohort::transport {
 void add_transport_config(ConfigSchema& schema);
 
 // The options of an endpoint of node `node_id` (under TLS it must be our certificate's CN) from
-// the keys above: tls.insecure, tls.ca_file, tls.cert_file, tls.key_file, transport.chunk_kib,
-// transport.receive_queue (when not 0, "automatic": then the caller's or EndpointOptions' own
-// default stands) and transport.aead. Every value is checked: ConfigError naming the key, the
-// values allowed and the value given; transport.aead = ipsec-mb where ipsec-mb cannot run is
-// refused too. tls.coordinator_name is the caller's to read: which peer must prove it depends on
-// the connection (security.expected_peer).
+// the keys above: tls.insecure, tls.ca_file, tls.cert_file, tls.key_file, transport.chunk_kib and
+// transport.aead. Every transport value is checked, transport.receive_queue too: ConfigError
+// naming the key, the values allowed and the value given; transport.aead = ipsec-mb where
+// ipsec-mb cannot run is refused too. Left to the caller: tls.coordinator_name (which peer must
+// prove it depends on the connection: security.expected_peer) and transport.receive_queue (a
+// listening shard's, automatic at 0).
 EndpointOptions endpoint_options_from(const Config& config, NodeId node_id);
 
 // "auto", "ipsec-mb" or "openssl" (transport.aead); ConfigError otherwise.
