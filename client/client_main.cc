@@ -6,6 +6,7 @@
 #include "cohort/client/peer.h"
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
+#include "cohort/transport/allocator.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -13,6 +14,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   cohort::ConfigSchema schema = cohort::client::participant_config_schema();
   cohort::client::add_peer_config(schema);
   CLI::App app{"cohort-client: joins a Cohort federation, trains on its partition of\n"

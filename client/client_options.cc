@@ -1,8 +1,10 @@
 #include "client_options.h"
 
 #include <string>
+#include <utility>
 
 #include "cohort/core/error.h"
+#include "cohort/transport/config.h"
 
 namespace cohort::client {
 
@@ -24,14 +26,8 @@ const std::string& non_empty(const Config& config, std::string_view key) {
 
 transport::EndpointOptions client_endpoint_options(const Config& config,
                                                    std::string expected_peer) {
-  transport::EndpointOptions o;
-  o.node_id = non_empty(config, "client.name");
-  o.security.insecure = config.get_bool("tls.insecure");
-  o.security.ca_file = config.get_string("tls.ca_file");
-  o.security.cert_file = config.get_string("tls.cert_file");
-  o.security.key_file = config.get_string("tls.key_file");
+  auto o = transport::endpoint_options_from(config, non_empty(config, "client.name"));
   o.security.expected_peer = std::move(expected_peer);
-  o.chunk_bytes = static_cast<std::size_t>(int_in_range(config, "transport.chunk_kib", 1, 1 << 20)) * 1024;
   return o;
 }
 

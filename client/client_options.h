@@ -17,7 +17,8 @@ std::int64_t int_in_range(const Config& config, std::string_view key, std::int64
 // config.get_string(key), ConfigError when it is empty.
 const std::string& non_empty(const Config& config, std::string_view key);
 
-// The endpoint options of client.name's connections (tls.*, transport.chunk_kib), checked.
+// The endpoint options of client.name's connections: tls.* and transport.* through transport's
+// builder (transport::endpoint_options_from), checked.
 // `expected_peer` is the node id the server must prove; the coordinator's is
 // tls.coordinator_name (coordinator_options()).
 transport::EndpointOptions client_endpoint_options(const Config& config,

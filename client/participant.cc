@@ -21,6 +21,7 @@
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
 #include "fatal_report.h"
 #include "client_options.h"
@@ -71,7 +72,7 @@ class Participant {
     // Everything below fails before joining, so a bad option never costs a round nor leaves a
     // dead entry in the coordinator's pool.
     (void)non_empty(config, "client.server");
-    (void)coordinator_options(config);  // client.name, tls.coordinator_name, transport.chunk_kib
+    (void)coordinator_options(config);  // client.name, tls.coordinator_name, tls.*, transport.*
     (void)int_in_range(config, "client.connect_timeout_ms", 1, std::int64_t{1} << 40);
     (void)int_in_range(config, "client.backoff_max_ms", 1, std::int64_t{1} << 40);
     (void)int_in_range(config, "client.step_delay_ms", 0, std::int64_t{1} << 40);
@@ -644,14 +645,6 @@ ConfigSchema participant_config_schema() {
       .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
       .add("data.part", std::string("0/1"), "which part this client holds: I/N")
       .add("data.seed", std::int64_t{1}, "seed of the partition (equal on every client)")
-      .add("tls.insecure", false, "plaintext transport (logged as a warning)")
-      .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
-      .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
-      .add_secret("tls.key_file", std::string(""), "this node's private key (PEM)")
-      .add("tls.coordinator_name", std::string("shard-0"),
-           "node id the coordinator's certificate must name (its CN); any other certificate, "
-           "even one from our CA, is refused")
-      .add("transport.chunk_kib", std::int64_t{1024}, "chunk size of large messages")
       .add("client.dp_clip", 0.0,
            "client-level DP: clip the whole delta to this L2 norm before pushing (0: off; set it to "
            "the server's dp.clip)")
@@ -664,6 +657,7 @@ ConfigSchema participant_config_schema() {
                    "randomk | sign | powersgd, with its options (k_fraction, k, s, bucket_size, norm, "
                    "chunk, stochastic, scaled, rank, cols, error_feedback); an unknown name or "
                    "option is an error");
+  transport::add_transport_config(s);  // tls.*, transport.*
   return s;
 }
 

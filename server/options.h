@@ -3,8 +3,11 @@
 // reads them. Internal to the server library.
 #pragma once
 
+#include <string>
+
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
+#include "cohort/transport/endpoint.h"
 
 namespace cohort::server {
 
@@ -15,5 +18,14 @@ void validate(const Config& config, const Registries& registries);
 // [server_optimizer] as a shard's optimizer reads it (data-parallel: the gradient rate when
 // server_optimizer.lr is not set).
 ConfigSection optimizer_options(const Config& config);
+
+// The options of shard `name`'s endpoints, listening and upstream: tls.* and transport.* through
+// transport's builder (transport::endpoint_options_from), checked.
+transport::EndpointOptions shard_endpoint_options(const Config& config, const std::string& name);
+
+// The listening endpoint's receive queue: transport.receive_queue, or at 0 (automatic) 1 chunk per
+// client in plaintext and under TLS a budget of 16 shared out, 2 per client while at most 8 are
+// connected, then 1 (EndpointOptions::receive_budget).
+void set_listener_receive_queue(const Config& config, transport::EndpointOptions& options);
 
 }  // namespace cohort::server

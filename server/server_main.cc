@@ -8,6 +8,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/server/server.h"
+#include "cohort/transport/allocator.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -15,6 +16,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   const cohort::ConfigSchema schema = cohort::server::config_schema();
   CLI::App app{"cohort-server: a parameter-server shard of a Cohort federation. Shard 0 also runs\n"
                "the coordinator (membership, rounds, deadlines, evaluation, metrics.jsonl).\n"

@@ -45,10 +45,12 @@ Pki& pki() {
   return p;
 }
 
-EndpointOptions options(const std::string& id, const sec::TlsFiles& f, bool insecure = false) {
+EndpointOptions options(const std::string& id, const sec::TlsFiles& f, bool insecure = false,
+                        Aead aead = Aead::kAuto) {
   EndpointOptions o;
   o.node_id = id;
   o.security.insecure = insecure;
+  o.security.aead = aead;
   o.security.ca_file = f.ca_file;
   o.security.cert_file = f.cert_file;
   o.security.key_file = f.key_file;
@@ -186,20 +188,33 @@ void edit_sealed_data_records(Endpoint& client,
   });
 }
 
+// The sealed-transfer cases run once per transport.aead choice: auto (ipsec-mb where built in,
+// whose vector AES keeps the crypto on the socket thread) and OpenSSL (with a pool, sealed and
+// opened there, out of place).
+struct AutoAead {
+  static constexpr Aead kAead = Aead::kAuto;
+  static constexpr const char* kName = "auto";
+};
+struct OpenSslAead {
+  static constexpr Aead kAead = Aead::kOpenSsl;
+  static constexpr const char* kName = "openssl";
+};
+
 }  // namespace
 
-TEST_CASE("two processes move a 64 MiB tensor in chunks over mutual TLS, intact") {
+TEST_CASE_TEMPLATE("two processes move a 64 MiB tensor in chunks over mutual TLS, intact", B,
+                   AutoAead, OpenSslAead) {
   auto& p = pki();
   test::TempDir dir;
   auto server = test::Process::spawn(
       COHORT_TRANSPORT_DEMO_BIN,
       {"serve", "--name", "shard-0", "--listen", "tcp://127.0.0.1:*", "--port-file",
        dir.file("port"), "--ca", p.shard0.ca_file, "--cert", p.shard0.cert_file, "--key",
-       p.shard0.key_file, "--count", "1"});
+       p.shard0.key_file, "--count", "1", "--aead", B::kName});
   const std::string port = test::read_when_ready(dir.file("port"), 20s);
   Context ctx;
   ThreadPool pool(2);
-  auto o = options("client-0", p.client0);
+  auto o = options("client-0", p.client0, false, B::kAead);
   o.pool = &pool;
   o.security.expected_peer = "shard-0";
   auto client = Endpoint::connect(ctx, "tcp://127.0.0.1:" + port, o);
@@ -223,15 +238,16 @@ TEST_CASE("two processes move a 64 MiB tensor in chunks over mutual TLS, intact"
   if (code != 0) MESSAGE(server.stderr_text());
 }
 
-TEST_CASE("chunked transfers reassemble, or stream chunk by chunk, over plaintext too") {
+TEST_CASE_TEMPLATE("chunked transfers reassemble, or stream chunk by chunk, over plaintext too", B,
+                   AutoAead, OpenSslAead) {
   auto& p = pki();
   for (bool insecure : {false, true}) {
     CAPTURE(insecure);
     Context ctx;
-    auto so = options("shard-0", p.shard0, insecure);
+    auto so = options("shard-0", p.shard0, insecure, B::kAead);
     so.chunk_bytes = 4096;
     auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", so);
-    auto co = options("client-0", p.client0, insecure);
+    auto co = options("client-0", p.client0, insecure, B::kAead);
     co.chunk_bytes = 4096;
     auto client = Endpoint::connect(ctx, server.url(), co);
     // Both live on this thread, so drive the handshake by alternating.
@@ -388,11 +404,12 @@ TEST_CASE("refused: a plaintext peer against a secure endpoint") {
   CHECK(server.received().empty());
 }
 
-TEST_CASE("a tampered frame is dropped and counted; a replayed one too; later frames flow") {
+TEST_CASE_TEMPLATE("a tampered frame is dropped and counted; a replayed one too; later frames flow",
+                   B, AutoAead, OpenSslAead) {
   auto& p = pki();
-  ServerThread server(options("shard-0", p.shard0));
+  ServerThread server(options("shard-0", p.shard0, false, B::kAead));
   Context ctx;
-  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
+  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0, false, B::kAead));
   client.wait_ready(5s);
   edit_sealed_data_records(client, [](int n, std::vector<Endpoint::Frames>& out) {
     if (n == 2) out[0][1][5] ^= std::byte{0x10};  // one flipped bit
@@ -414,14 +431,16 @@ TEST_CASE("a tampered frame is dropped and counted; a replayed one too; later fr
   CHECK(server.stats().dropped_replay == 1);
 }
 
-TEST_CASE("large sealed frames opened in place: a forged or replayed one is dropped, the rest intact") {
+TEST_CASE_TEMPLATE(
+    "large sealed frames opened in place: a forged or replayed one is dropped, the rest intact", B,
+    AutoAead, OpenSslAead) {
   // 256 KiB payloads travel as one bulk frame each, which the receiver opens where it lies (with
   // no crypto pool, or vector AES). A forged frame must not spoil the records queued behind it,
   // which go down the serial path with their ciphertext intact.
   auto& p = pki();
-  ServerThread server(options("shard-0", p.shard0));
+  ServerThread server(options("shard-0", p.shard0, false, B::kAead));
   Context ctx;
-  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
+  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0, false, B::kAead));
   client.wait_ready(5s);
   edit_sealed_data_records(client, [](int n, std::vector<Endpoint::Frames>& out) {
     if (n == 2) out[0][2][70000] ^= std::byte{4};  // a flipped bit in the bulk frame

@@ -22,6 +22,8 @@
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/transport/allocator.h"
+#include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/keygen.h"
 
@@ -51,6 +53,7 @@ struct Common {
   std::string ca, cert, key;
   bool insecure = false;
   std::size_t chunk_kib = 1024;
+  std::string aead = "auto";  // transport.aead
 };
 
 EndpointOptions options_from(const Common& c, ThreadPool* pool) {
@@ -60,6 +63,7 @@ EndpointOptions options_from(const Common& c, ThreadPool* pool) {
   o.security.ca_file = c.ca;
   o.security.cert_file = c.cert;
   o.security.key_file = c.key;
+  o.security.aead = parse_aead(c.aead);
   o.chunk_bytes = c.chunk_kib * 1024;
   o.pool = pool;
   return o;
@@ -211,6 +215,7 @@ int self_contained(const std::string& self, std::size_t mib, int repeat, bool in
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"Moves a large tensor between two processes over Cohort's encrypted transport."};
   app.require_subcommand(0, 1);
   std::size_t mib = 64;
@@ -233,6 +238,8 @@ int main(int argc, char** argv) {
     sub->add_option("--key", c.key, "node private key (PEM)");
     sub->add_flag("--insecure", c.insecure, "plaintext (logged as a warning)");
     sub->add_option("--chunk-kib", c.chunk_kib, "chunk size in KiB");
+    sub->add_option("--aead", c.aead, "AES-256-GCM implementation: auto | ipsec-mb | openssl")
+        ->check(CLI::IsMember({"auto", "ipsec-mb", "openssl"}));
   }
   srv->add_option("--listen", listen, "url to bind (tcp://127.0.0.1:* picks a port)");
   srv->add_option("--port-file", port_file, "write the bound port here");

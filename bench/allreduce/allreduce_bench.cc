@@ -28,6 +28,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
+#include "cohort/transport/allocator.h"
 #include "cohort/transport/security/security.h"
 #include "cohort/transport/zmq_comm.h"
 
@@ -269,6 +270,7 @@ int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"Cohort AllReduce benchmark: bus bandwidth over loopback TCP, plaintext and TLS"};
   WorkerArgs w;
   bool is_worker = false, quick = false;

@@ -34,6 +34,7 @@
 #include "cohort/client/shard_client.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/transport/allocator.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/keygen.h"
 
@@ -165,6 +166,7 @@ struct SimClient {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"cohort-bench-load: N concurrent clients against one shard"};
   int clients = 200, seconds = 150, threads = 4;
   std::string model = "mlp:784-32-10", server_bin = COHORT_SERVER_BIN;

@@ -38,6 +38,7 @@
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/transport/allocator.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/keygen.h"
 
@@ -372,6 +373,7 @@ std::optional<std::pair<int, int>> parse_layout(const std::string& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"Parameter-server push/pull throughput between real processes on loopback (JSON lines)."};
   std::vector<std::size_t> sizes{1, 16, 64};
   std::vector<std::string> modes{"plain", "tls"};

@@ -31,6 +31,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
+#include "cohort/transport/allocator.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/security/frame_cipher.h"
 #include "cohort/transport/security/keygen.h"
@@ -301,6 +302,7 @@ int run_cipher(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   CLI::App app{"Transport throughput between two processes over tcp://127.0.0.1 (JSON lines)."};
   Args a;
   std::vector<std::string> modes{"raw_zmq", "plain", "tls"};

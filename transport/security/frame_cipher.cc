@@ -5,7 +5,6 @@
 #include <openssl/evp.h>
 
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -135,23 +134,35 @@ Backend probe_ipsec_mb() {
 }
 #endif
 
-// Chosen once per process, so every thread and every FrameCipher agrees.
-const Backend& backend_choice() {
-  static const Backend chosen = [] {
-    const char* env = std::getenv("COHORT_AEAD");
-    const std::string_view want = env == nullptr ? "auto" : env;
-    if (want == "openssl") return Backend{};
-    if (want != "auto" && !want.empty()) {
-      throw TransportError("COHORT_AEAD must be 'auto' or 'openssl', got '" + std::string(want) +
-                           "'");
-    }
+// What this build and CPU offer: probed once per process (a constant for its lifetime), so every
+// thread and every FrameCipher asking for the same backend agrees.
+const Backend& best_available() {
+  static const Backend best = [] {
 #if COHORT_HAVE_IPSEC_MB
     return probe_ipsec_mb();
 #else
     return Backend{};
 #endif
   }();
-  return chosen;
+  return best;
+}
+
+Backend backend_for(AeadBackend wanted) {
+  switch (wanted) {
+    case AeadBackend::kOpenSsl: return Backend{};
+    case AeadBackend::kAuto: return best_available();
+    case AeadBackend::kIpsecMb: break;
+  }
+  if (!best_available().ipsec_mb) {
+#if COHORT_HAVE_IPSEC_MB
+    throw ConfigError("transport.aead = ipsec-mb, but this CPU has no AES-NI for ipsec-mb: "
+                      "use auto or openssl");
+#else
+    throw ConfigError("transport.aead = ipsec-mb, but this build has no ipsec-mb (install "
+                      "libipsec-mb-dev on amd64 and rebuild): use auto or openssl");
+#endif
+  }
+  return best_available();
 }
 
 }  // namespace
@@ -175,14 +186,15 @@ struct FrameCipher::Keys {
   }
 };
 
-std::string_view FrameCipher::backend() { return backend_choice().name; }
-bool FrameCipher::vector_aes() { return backend_choice().vector_aes; }
+std::string_view FrameCipher::backend(AeadBackend wanted) { return backend_for(wanted).name; }
+bool FrameCipher::vector_aes(AeadBackend wanted) { return backend_for(wanted).vector_aes; }
 
-FrameCipher::FrameCipher(const std::array<std::byte, kKeyBytes>& key) {
+FrameCipher::FrameCipher(const std::array<std::byte, kKeyBytes>& key, AeadBackend wanted) {
+  [[maybe_unused]] const bool ipsec_mb = backend_for(wanted).ipsec_mb;
   auto keys = std::make_shared<Keys>();
   std::memcpy(keys->raw.data(), key.data(), kKeyBytes);
 #if COHORT_HAVE_IPSEC_MB
-  if (backend_choice().ipsec_mb) {
+  if (ipsec_mb) {
     IMB_AES256_GCM_PRE(thread_manager(), keys->raw.data(), &keys->expanded);
     keys->ipsec_mb = true;
   }

@@ -29,10 +29,20 @@ std::vector<std::byte> pattern(std::size_t n, unsigned char seed = 1) {
   return v;
 }
 
+// Each case runs once per backend choice (transport.aead): auto (ipsec-mb where built in) and
+// OpenSSL, which auto never picks where ipsec-mb runs.
+struct AutoBackend {
+  static constexpr sec::AeadBackend kBackend = sec::AeadBackend::kAuto;
+};
+struct OpenSslBackend {
+  static constexpr sec::AeadBackend kBackend = sec::AeadBackend::kOpenSsl;
+};
+
 }  // namespace
 
-TEST_CASE("seal then open round-trips, for empty and odd sizes") {
-  const FrameCipher cipher(key_of(3));
+TEST_CASE_TEMPLATE("seal then open round-trips, for empty and odd sizes",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(3), B::kBackend);
   const auto aad = pattern(24, 9);
   for (std::size_t n : {0u, 1u, 15u, 16u, 17u, 4096u, 100001u}) {
     CAPTURE(n);
@@ -48,10 +58,11 @@ TEST_CASE("seal then open round-trips, for empty and odd sizes") {
 
 // Either backend (frame_cipher.h) must produce exactly standard AES-256-GCM, so that peers using
 // different ones interoperate: compare with OpenSSL's EVP interface called directly.
-TEST_CASE("sealed frames are standard AES-256-GCM, byte for byte, whichever backend runs") {
-  MESSAGE("backend: " << FrameCipher::backend());
+TEST_CASE_TEMPLATE("sealed frames are standard AES-256-GCM, byte for byte, whichever backend runs",
+                   B, AutoBackend, OpenSslBackend) {
+  MESSAGE("backend: " << FrameCipher::backend(B::kBackend));
   const auto key = key_of(13);
-  const FrameCipher cipher(key);
+  const FrameCipher cipher(key, B::kBackend);
   const auto aad = pattern(40, 2);
   for (std::size_t n : {0u, 1u, 31u, 64u, 1000u, 65536u, 1048579u}) {
     CAPTURE(n);
@@ -82,8 +93,9 @@ TEST_CASE("sealed frames are standard AES-256-GCM, byte for byte, whichever back
   }
 }
 
-TEST_CASE("open_in_place decrypts where the frame lies, and zeroes a forged one") {
-  const FrameCipher cipher(key_of(17));
+TEST_CASE_TEMPLATE("open_in_place decrypts where the frame lies, and zeroes a forged one",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(17), B::kBackend);
   const auto aad = pattern(24, 3);
   for (std::size_t n : {0u, 1u, 17u, 4096u, 65536u + 5u}) {
     CAPTURE(n);
@@ -108,8 +120,9 @@ TEST_CASE("open_in_place decrypts where the frame lies, and zeroes a forged one"
                   cohort::InternalError);
 }
 
-TEST_CASE("the nonce is frame_index || counter: distinct pairs give distinct ciphertexts") {
-  const FrameCipher cipher(key_of(5));
+TEST_CASE_TEMPLATE("the nonce is frame_index || counter: distinct pairs give distinct ciphertexts",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(5), B::kBackend);
   const auto plain = pattern(64);
   std::vector<std::byte> a(80), b(80), c(80);
   cipher.seal(1, 0, {}, plain, a);
@@ -122,8 +135,9 @@ TEST_CASE("the nonce is frame_index || counter: distinct pairs give distinct cip
   CHECK(a == again);  // deterministic for the same key and nonce
 }
 
-TEST_CASE("any single flipped bit, wrong counter, frame_index, aad or key fails open()") {
-  const FrameCipher cipher(key_of(7));
+TEST_CASE_TEMPLATE("any single flipped bit, wrong counter, frame_index, aad or key fails open()",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(7), B::kBackend);
   const auto plain = pattern(300);
   const auto aad = pattern(20, 4);
   std::vector<std::byte> sealed(plain.size() + FrameCipher::kTagBytes);
@@ -143,15 +157,16 @@ TEST_CASE("any single flipped bit, wrong counter, frame_index, aad or key fails 
   CHECK_FALSE(cipher.open(1001, 7, aad, sealed, out));
   CHECK_FALSE(cipher.open(1000, 8, aad, sealed, out));
   CHECK_FALSE(cipher.open(1000, 7, {}, sealed, out));
-  CHECK_FALSE(FrameCipher(key_of(8)).open(1000, 7, aad, sealed, out));
+  CHECK_FALSE(FrameCipher(key_of(8), B::kBackend).open(1000, 7, aad, sealed, out));
   // A failed open leaves no unauthenticated plaintext behind.
   CHECK(std::all_of(out.begin(), out.end(), [](std::byte b) { return b == std::byte{0}; }));
   REQUIRE(cipher.open(1000, 7, aad, sealed, out));
   CHECK(out == plain);
 }
 
-TEST_CASE("a frame shorter than the tag is refused; wrong buffer sizes are caller bugs") {
-  const FrameCipher cipher(key_of(1));
+TEST_CASE_TEMPLATE("a frame shorter than the tag is refused; wrong buffer sizes are caller bugs",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(1), B::kBackend);
   const std::vector<std::byte> short_frame(FrameCipher::kTagBytes - 1);
   std::vector<std::byte> none;
   CHECK_FALSE(cipher.open(0, 0, {}, short_frame, none));
@@ -166,8 +181,9 @@ TEST_CASE("a frame shorter than the tag is refused; wrong buffer sizes are calle
   CHECK_THROWS_AS(cipher.seal(0, 0, {}, std::span(buf).first(10), buf), cohort::InternalError);
 }
 
-TEST_CASE("seal and open are safe from many threads at once") {
-  const FrameCipher cipher(key_of(11));
+TEST_CASE_TEMPLATE("seal and open are safe from many threads at once",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(11), B::kBackend);
   constexpr int kThreads = 4;
   constexpr std::size_t kChunk = 64 * 1024;
   std::vector<int> failures(kThreads, 0);
@@ -189,8 +205,9 @@ TEST_CASE("seal and open are safe from many threads at once") {
   CHECK(std::accumulate(failures.begin(), failures.end(), 0) == 0);
 }
 
-TEST_CASE("seal throughput for 1 MiB frames (printed, not asserted)") {
-  const FrameCipher cipher(key_of(2));
+TEST_CASE_TEMPLATE("seal throughput for 1 MiB frames (printed, not asserted)",
+                   B, AutoBackend, OpenSslBackend) {
+  const FrameCipher cipher(key_of(2), B::kBackend);
   constexpr std::size_t kChunk = 1 << 20;
   constexpr int kFrames = 96;
   const auto plain = pattern(kChunk);
@@ -211,4 +228,18 @@ TEST_CASE("seal throughput for 1 MiB frames (printed, not asserted)") {
   const double open = gbps([&](std::uint64_t) { CHECK(cipher.open(0, 0, {}, sealed, out)); });
   MESSAGE("AES-256-GCM 1 MiB frames, one thread: seal " << seal << " GB/s, open " << open
                                                         << " GB/s");
+}
+
+TEST_CASE("a backend that cannot run here is refused with a ConfigError naming transport.aead") {
+  CHECK(FrameCipher::backend(sec::AeadBackend::kOpenSsl) == "openssl");
+  const std::string_view best = FrameCipher::backend(sec::AeadBackend::kAuto);
+  if (best.starts_with("ipsec-mb")) {
+    CHECK(FrameCipher::backend(sec::AeadBackend::kIpsecMb) == best);
+    CHECK_NOTHROW((void)FrameCipher(key_of(4), sec::AeadBackend::kIpsecMb));
+  } else {
+    CHECK(best == "openssl");
+    CHECK_THROWS_WITH_AS((void)FrameCipher::backend(sec::AeadBackend::kIpsecMb),
+                         doctest::Contains("transport.aead = ipsec-mb"), cohort::ConfigError);
+    CHECK_THROWS_AS((void)FrameCipher(key_of(4), sec::AeadBackend::kIpsecMb), cohort::ConfigError);
+  }
 }

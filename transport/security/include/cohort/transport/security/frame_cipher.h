@@ -8,7 +8,7 @@
 // Two implementations of the same standard AES-256-GCM, byte for byte interchangeable on the wire:
 // Intel's ipsec-mb (Debian's libipsec-mb, amd64; its VAES/AVX-512 code seals about 4x faster than
 // OpenSSL 3.0's AES-NI code on CPUs that have it) when the build found it and the CPU has AES-NI,
-// else OpenSSL. COHORT_AEAD=openssl in the environment forces OpenSSL (for comparisons and tests).
+// else OpenSSL. The caller may insist on one (AeadBackend; transport.aead in a program's config).
 #pragma once
 
 #include <array>
@@ -20,6 +20,10 @@
 
 namespace cohort::transport::security {
 
+// Which implementation seals and opens. kAuto: ipsec-mb where the build has it and the CPU has
+// AES-NI, else OpenSSL. kIpsecMb: ipsec-mb or a ConfigError. kOpenSsl: always OpenSSL.
+enum class AeadBackend { kAuto, kIpsecMb, kOpenSsl };
+
 // Holds one 256-bit key and its expanded forms (wiped on destruction). Thread-safe: seal() and
 // open() are const and use per-thread library state, so a thread pool may seal or open many
 // chunks of one message at once. Copies share the immutable key material.
@@ -28,16 +32,20 @@ class FrameCipher {
   static constexpr std::size_t kTagBytes = 16;
   static constexpr std::size_t kKeyBytes = 32;
 
-  explicit FrameCipher(const std::array<std::byte, kKeyBytes>& key);
+  // Throws ConfigError when `wanted` is kIpsecMb and ipsec-mb cannot run here (see backend()).
+  explicit FrameCipher(const std::array<std::byte, kKeyBytes>& key,
+                       AeadBackend wanted = AeadBackend::kAuto);
   ~FrameCipher();
   FrameCipher(const FrameCipher&) = default;
   FrameCipher& operator=(const FrameCipher&) = default;
 
-  // The implementation this process uses: "ipsec-mb/avx512" (or /avx2, /avx, /sse) or "openssl".
-  static std::string_view backend();
-  // True when the backend runs on vector AES units (VAES and VPCLMULQDQ: about 20 GB/s a core
-  // here), where a caller gains nothing by spreading the chunks of one message over threads.
-  static bool vector_aes();
+  // The implementation that `wanted` gives on this build and CPU: "ipsec-mb/avx512" (or /avx2,
+  // /avx, /sse) or "openssl". Throws ConfigError, naming transport.aead, for kIpsecMb where this
+  // build has no ipsec-mb or the CPU no AES-NI: a start-up check for a program's options.
+  static std::string_view backend(AeadBackend wanted = AeadBackend::kAuto);
+  // True when that implementation runs on vector AES units (VAES and VPCLMULQDQ: about 20 GB/s a
+  // core here), where a caller gains nothing by spreading the chunks of one message over threads.
+  static bool vector_aes(AeadBackend wanted = AeadBackend::kAuto);
 
   // Encrypts `plaintext` and authenticates it together with `aad` (not encrypted, not sent).
   // REQUIRES: out.size() == plaintext.size() + kTagBytes; out does not overlap plaintext or aad
