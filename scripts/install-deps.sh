@@ -14,7 +14,7 @@ packages=(
   zlib1g-dev
   dataset-fashion-mnist
   iproute2 nftables
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format
   python3-yaml
   gnuplot-nox
 )

@@ -45,17 +45,6 @@ void write_port_file(const std::string& path, const std::string& url) {
   std::filesystem::rename(tmp, path);
 }
 
-transport::EndpointOptions endpoint_options(const Config& c, const std::string& name) {
-  transport::EndpointOptions o;
-  o.node_id = name;
-  o.security.insecure = c.get_bool("tls.insecure");
-  o.security.ca_file = c.get_string("tls.ca_file");
-  o.security.cert_file = c.get_string("tls.cert_file");
-  o.security.key_file = c.get_string("tls.key_file");
-  o.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
-  return o;
-}
-
 // The Outbox of the shard and coordinator: the listening endpoint.
 class EndpointOutbox final : public Outbox {
  public:
@@ -110,24 +99,12 @@ void check_dp_options(const Config& config, Modes modes) {
 // The listening endpoint's options.
 transport::EndpointOptions listen_options(const Config& config, const std::string& name,
                                           ThreadPool& pool) {
-  auto opts = endpoint_options(config, name);
+  auto opts = shard_endpoint_options(config, name);
   opts.pool = &pool;
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
   // In one process (cohort-sim) a fleet socket may speak for many virtual clients.
   opts.multiplex = config.get_string("server.listen").rfind("inproc://", 0) == 0;
-  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
-  // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
-  // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
-  // the socket meanwhile, and 16 MiB pushes ran at 2.6 GB/s here against 3.6-4.5 with two. Two
-  // pay off only while few clients stream at once: with many, the shard always has another
-  // client's chunk to work on, so past 8 connected peers each gets one (a budget of 16).
-  const std::int64_t queue = config.get_int("transport.receive_queue");
-  if (queue < 0 || queue > 65536) {
-    throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
-                      std::to_string(queue));
-  }
-  opts.receive_queue = queue > 0 ? static_cast<int>(queue) : (opts.security.insecure ? 1 : 2);
-  if (queue == 0 && !opts.security.insecure) opts.receive_budget = 16;
+  set_listener_receive_queue(config, opts);
   return opts;
 }
 
@@ -152,7 +129,7 @@ class Node {
       shard_->setup(spec, kernels::make_network_spec(spec).parameter_count());
       coordinator_.emplace(config, modes, *shard_, out_, clock_, name_, ep_.url(), *metrics_);
     } else {
-      auto up = endpoint_options(config, name_);
+      auto up = shard_endpoint_options(config, name_);
       // Only the federation's coordinator may drive this shard: any other certificate of the same
       // CA is refused in the handshake.
       up.security.expected_peer = config.get_string("tls.coordinator_name");

@@ -138,9 +138,9 @@ void set_listener_receive_queue(const Config& config, transport::EndpointOptions
   // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
   // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
   // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
-  // the socket meanwhile, and 16 MiB pushes ran at 2.6 GB/s here against 3.6-4.5 with two. Two
-  // pay off only while few clients stream at once: with many, the shard always has another
-  // client's chunk to work on, so past 8 connected peers each gets one (a budget of 16).
+  // the socket meanwhile, so two measured faster (docs/PERFORMANCE.md 3.4). Two pay off only
+  // while few clients stream at once: with many, the shard always has another client's chunk to
+  // work on, so past 8 connected peers each gets one (a budget of 16).
   const std::int64_t queue = config.get_int("transport.receive_queue");
   if (queue < 0 || queue > 65536) {
     throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +

@@ -15,6 +15,7 @@
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
+#include "options.h"
 
 namespace cohort::server {
 
@@ -291,13 +292,8 @@ int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transpor
       config.section("decentralized"),
       [](const std::string& spec) { (void)client::parse_partition_spec(spec); });
   (void)kernels::make_network_spec(config.get_string("model.spec"));
-  transport::EndpointOptions o;
-  o.node_id =
-      config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name");
-  o.security.insecure = config.get_bool("tls.insecure");
-  o.security.ca_file = config.get_string("tls.ca_file");
-  o.security.cert_file = config.get_string("tls.cert_file");
-  o.security.key_file = config.get_string("tls.key_file");
+  auto o = shard_endpoint_options(
+      config, config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name"));
   auto ep = transport::Endpoint::bind(ctx, config.get_string("server.listen"), o);
   if (const auto path = config.get_string("server.port_file"); !path.empty()) {
     const std::string tmp = path + ".tmp";

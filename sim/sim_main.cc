@@ -25,6 +25,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/sim/sim.h"
+#include "cohort/transport/allocator.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -40,6 +41,7 @@ std::filesystem::path own_dir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   const cohort::ConfigSchema schema = cohort::sim::sim_config_schema();
   CLI::App app{
       "cohort-sim: simulates a federation in one process: the real server shards on\n"

@@ -21,14 +21,14 @@ constexpr std::size_t kSealWindow = 8;
 // at most one per worker plus one for the socket thread, and never more than this. Each holds its
 // frame and, streaming, its chunk (2 MiB at 1 MiB chunks): a shard's peak RSS counts them.
 constexpr std::size_t kOpenWindow = 8;
-// Smaller bulk frames are opened on the socket thread: a pool round trip costs ~10 us, an open of
-// 64 KiB ~25 us.
+// Smaller bulk frames are opened on the socket thread: below this size a pool round trip costs
+// about as much as the open itself (docs/PERFORMANCE.md 3.2).
 constexpr std::size_t kMinPoolCryptoBytes = 64 << 10;
 
 // Copies into memory that will not be read again soon (a reassembly buffer far larger than the
-// caches) with non-temporal stores, which skip reading each destination line first: 2x memcpy's
-// speed here (9.2 vs 4.6 GB/s into a cold 64 MiB buffer), and memcpy was a fifth of all CPU time
-// of a plaintext 64 MiB transfer.
+// caches) with non-temporal stores, which skip reading each destination line first: about twice
+// memcpy's speed into a cold buffer, where memcpy was a large share of a plaintext transfer's CPU
+// time (docs/PERFORMANCE.md 3.1).
 void copy_streaming(std::byte* dst, const std::byte* src, std::size_t n);
 
 // One seal, open or plaintext copy of a bulk frame, run by a pool worker or, if none has started

@@ -12,8 +12,8 @@
 namespace cohort::transport::detail {
 
 // Bulk frames of one message allowed inside ZeroMQ (queued, not yet written to the socket) before
-// the sender waits: measured on 2 cores, 16 MiB pushes ran at 6.1 GB/s in every plaintext run
-// (3.8-6.3 unpaced) and 4.3 under TLS (3.4-3.9), the buffers recycling while warm in cache.
+// the sender waits: pacing keeps the buffers recycling while warm in cache, faster and steadier
+// than unpaced sends in plaintext and under TLS (docs/PERFORMANCE.md 3.3).
 constexpr std::uint32_t kSendAhead = 4;
 // A sender that saw no frame leave for this long stops pacing that message (a stalled peer must
 // not stall it; its frames queue in ZeroMQ as before).

@@ -8,6 +8,7 @@
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
 #include "cohort/server/server.h"
+#include "cohort/transport/allocator.h"
 #include "geometric_median.h"
 
 namespace {
@@ -16,6 +17,7 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::transport::tune_allocator_for_large_messages();  // as cohort-server does
   const cohort::ConfigSchema schema = cohort::server::config_schema();
   CLI::App app{
       "geomedian-server: a Cohort parameter-server shard that also knows the\n"

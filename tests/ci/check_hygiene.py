@@ -4,8 +4,8 @@
   size      no product source file over 800 lines, no function body over 120 lines
   getenv    no getenv in product code: options come from the config, at the edge
   layering  no file under client/ includes a cohort/server header
-  format    product code is formatted by the repository's .clang-format (skipped, with a
-            message, where clang-format is not installed)
+  format    product code is formatted by the repository's .clang-format (where clang-format
+            is not installed: a message, and exit 77, which CTest reports as skipped)
 
 Product code is every .cc/.h/.cu/.cuh file outside tests/, bench/, build folders and test sources
 (*_test.cc, test_*.cc, *_fuzz.cc). Prints one line per violation and exits 1 if there is any.
@@ -159,11 +159,14 @@ def check_layering(root, files):
     return bad
 
 
+class NotChecked(Exception):
+    pass
+
+
 def check_format(root, files):
     exe = shutil.which("clang-format") or shutil.which("clang-format-14")
     if not exe:
-        print("format: clang-format not installed, not checked", file=sys.stderr)
-        return []
+        raise NotChecked("format: clang-format is not installed (Debian: clang-format), not checked")
     if not os.path.exists(os.path.join(root, ".clang-format")):
         return ["format: no .clang-format at the repository root"]
     bad = []
@@ -191,12 +194,20 @@ def main():
         return 1
     checks = {"size": check_size, "getenv": check_getenv, "layering": check_layering, "format": check_format}
     bad = []
+    skipped = []
     for name in args.only.split(","):
-        bad += checks[name](root, files)
+        try:
+            bad += checks[name](root, files)
+        except NotChecked as e:
+            skipped.append(str(e))
     for b in bad:
         print(b)
+    for s in skipped:
+        print(s, file=sys.stderr)
     print(f"{len(files)} product files checked ({args.only}): {len(bad)} violation(s)", file=sys.stderr)
-    return 1 if bad else 0
+    if bad:
+        return 1
+    return 77 if skipped else 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// Fuzzes a ROUTER endpoint's receive path (transport/endpoint.cc): record headers, envelope
+// Fuzzes a ROUTER endpoint's receive path (transport/reassembly.cc and endpoint.cc): record headers, envelope
 // checks, the pipelined opens and the reassembly of chunked payloads, with or without
 // deliver_chunks. The input drives a generator of records that a hostile peer sends over
 // inproc:// (plaintext, as there): head envelopes announcing payloads, ChunkHeader continuations

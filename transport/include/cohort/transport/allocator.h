@@ -3,9 +3,9 @@
 // ZeroMQ mallocs each received frame larger than its 8 KiB batch (every bulk chunk) on its I/O
 // thread, and we free it on ours. With glibc's defaults the arena's free top goes back to the
 // kernel (MADV_DONTNEED) as soon as it exceeds twice the largest recent block, so later frames
-// fault their pages in again (~16 us per 4 KiB). Measured on 64 MiB TLS transfers: ~2,000 faults
-// per transfer on the receiver's I/O thread, half of its receive time; the tuning gained ~25% for
-// plaintext and TLS.
+// fault their pages in again: on large transfers those faults took about half of the receiver's
+// I/O-thread time, and the tuning is a clear gain in plaintext and under TLS (docs/PERFORMANCE.md
+// 3.1).
 //
 // It changes malloc for the whole process, not just the transport, so the library never does it
 // on its own: a program opts in, once, at the top of main() (cohort-server, cohort-client,

@@ -7,7 +7,7 @@
 // abandoned update (end_update(client, false)) is dropped. finish_round() hands the complete
 // updates to combine(), ordered by client id so that the result does not depend on arrival
 // order. Memory: O(clients x range); update buffers are reused from round to round (fresh pages
-// cost ~16 us each on our machines, DESIGN.md). Not thread-safe.
+// cost a page fault each, docs/PERFORMANCE.md 3.1). Not thread-safe.
 #pragma once
 
 #include <vector>

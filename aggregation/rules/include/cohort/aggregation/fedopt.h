@@ -14,8 +14,8 @@
 // for fedadam, bias_correction. Defaults: beta1 = 0.9 (fedadagrad: 0, the paper's experiments
 // used Keras Adagrad, which has no first moment), beta2 = 0.99, tau = 1e-3 (the paper's
 // recommendation), lr = default_server_lr(name, ServerInput::kDelta): 0.03 for fedadam and
-// fedyogi, 0.02 for fedadagrad (server_optimizer.h: measured on the main job; 0.1, Flower's rate
-// for fedadam and fedadagrad, collapsed to chance accuracy when clients did little local work).
+// fedyogi, 0.02 for fedadagrad (why: server_optimizer.h; 0.1, Flower's rate for fedadam and
+// fedadagrad, collapsed to chance accuracy when clients did little local work).
 // Data-parallel mode (apply_gradient) feeds Delta = -gradient, at a smaller rate that the server
 // sets (default_server_lr(name, ServerInput::kGradient)). State for checkpoints: "m", "v", and
 // "step" (one float: the number of steps taken, exact up to 2^24). Not thread-safe.

@@ -82,14 +82,12 @@ enum class ServerInput { kDelta, kGradient };
 //   fedyogi     0.03    0.001
 //   fedadam     0.03    0.001
 //
-// Measured on the main job's model and data (MLP 784-256-128-10, Fashion-MNIST, batch 32). kDelta:
-// 2 shards + 10 clients, one local epoch of SGD at lr 0.05, momentum 0.9, 20 rounds: every rate
-// above ends at 86-88% test accuracy, as FedAvg does; and with 3 clients doing 30 or 10 local
-// steps per round, where the earlier 0.1 of fedadam and fedadagrad fell to 43% and 10% (chance)
-// in 5 rounds. The adaptive rules move every coordinate by about lr on their first step whatever
-// the size of the delta, so their rate cannot be FedAvg's 1. kGradient: 10 workers, 200 steps
-// each, BSP (which sums the workers' gradients) and ASP: 79-83%; sgd diverges from lr 0.1 under
-// BSP, so lr 1 (the delta rate) leaves the model at chance.
+// Chosen on the main job's model and data: every rate above trains as FedAvg does, also with
+// little local work per round, where Flower's 0.1 for fedadam and fedadagrad collapsed to chance
+// (figures: docs/PERFORMANCE.md 5; tests/integration/optimizer_defaults_test.cc guards them). The
+// adaptive rules move every coordinate by about lr on their first step whatever the size of the
+// delta, so their rate cannot be FedAvg's 1. kGradient: BSP sums the workers' gradients, and sgd
+// diverges from lr 0.1 under BSP, so lr 1 (the delta rate) leaves the model at chance.
 [[nodiscard]] std::optional<double> default_server_lr(std::string_view optimizer,
                                                       ServerInput input);
 

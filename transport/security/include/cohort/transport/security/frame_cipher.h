@@ -6,8 +6,9 @@
 // Sealed layout: ciphertext (same length as the plaintext) || 16-byte tag.
 //
 // Two implementations of the same standard AES-256-GCM, byte for byte interchangeable on the wire:
-// Intel's ipsec-mb (Debian's libipsec-mb, amd64; its VAES/AVX-512 code seals about 4x faster than
-// OpenSSL 3.0's AES-NI code on CPUs that have it) when the build found it and the CPU has AES-NI,
+// Intel's ipsec-mb (Debian's libipsec-mb, amd64; its VAES/AVX-512 code seals faster than OpenSSL
+// 3.0's AES-NI code on CPUs that have it, docs/PERFORMANCE.md 3.2) when the build found it and the
+// CPU has AES-NI,
 // else OpenSSL. The caller may insist on one (AeadBackend; transport.aead in a program's config).
 #pragma once
 
@@ -43,8 +44,8 @@ class FrameCipher {
   // /avx, /sse) or "openssl". Throws ConfigError, naming transport.aead, for kIpsecMb where this
   // build has no ipsec-mb or the CPU no AES-NI: a start-up check for a program's options.
   static std::string_view backend(AeadBackend wanted = AeadBackend::kAuto);
-  // True when that implementation runs on vector AES units (VAES and VPCLMULQDQ: about 20 GB/s a
-  // core here), where a caller gains nothing by spreading the chunks of one message over threads.
+  // True when that implementation runs on vector AES units (VAES and VPCLMULQDQ: faster than the
+  // socket), where a caller gains nothing by spreading the chunks of one message over threads.
   static bool vector_aes(AeadBackend wanted = AeadBackend::kAuto);
 
   // Encrypts `plaintext` and authenticates it together with `aad` (not encrypted, not sent).
