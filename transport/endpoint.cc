@@ -94,8 +94,11 @@ void Endpoint::Impl::sweep() {
   for (auto it = sessions.begin(); it != sessions.end();) {
     Session& s = it->second;
     for (auto t = s.transfers.begin(); t != s.transfers.end();) {
-      if (now - t->second.started > options.transfer_timeout) {
-        warn_limited("dropped an unfinished transfer from " + s.peer_id);
+      // Only a transfer that stopped moving: one that streams slowly (many peers sharing the
+      // receive budget) completes however long it takes.
+      if (now - t->second.last_active > options.transfer_timeout) {
+        warn_limited("dropped an unfinished transfer from " + s.peer_id + ": no chunk for " +
+                     std::to_string(options.transfer_timeout.count()) + " ms");
         t = s.transfers.erase(t);
       } else {
         ++t;

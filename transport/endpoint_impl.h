@@ -43,7 +43,7 @@ struct Transfer {
   PooledBuffer buffer;  // whole payload, when reassembling
   std::uint32_t next_index = 1;
   std::uint32_t count = 0;
-  Clock::time_point started;
+  Clock::time_point last_active;  // its head or latest chunk arrived (transfer_timeout counts from here)
 };
 
 struct Session {
@@ -279,9 +279,8 @@ struct Endpoint::Impl {
   std::size_t open_window() const;
 
   // The pool that seals and opens bulk frames, or none: where AES-GCM runs on vector AES units
-  // (about 20 GB/s a core, faster than the socket), this thread does it inline, since waking a
-  // worker per chunk cost more than it saved (16 MiB pushes on 2 cores: 3.3 GB/s through the pool,
-  // 4.2 inline; pulls 3.3 and 4.7).
+  // (faster than the socket), this thread does it inline, since waking a worker per chunk cost
+  // more than it saved (docs/PERFORMANCE.md 3.2).
   ThreadPool* crypto_pool() const;
 
   // Commits every pending record, in order.

@@ -609,3 +609,60 @@ TEST_CASE("a Context's I/O threads run under SCHED_BATCH, or as their creator wi
     CHECK(policies == std::vector<int>{expected, expected});
   }
 }
+
+TEST_CASE("transfer_timeout drops a transfer that stopped, not one that streams slowly") {
+  auto& p = pki();
+  for (bool deliver_chunks : {false, true}) {
+    CAPTURE(deliver_chunks);
+    Context ctx;
+    const std::string url = deliver_chunks ? "inproc://slow-stream" : "inproc://slow-whole";
+    auto so = options("shard-0", p.shard0, true);
+    so.chunk_bytes = 4096;
+    so.deliver_chunks = deliver_chunks;
+    so.transfer_timeout = 300ms;
+    auto server = Endpoint::bind(ctx, url, so);
+    auto co = options("client-0", p.client0, true);
+    co.chunk_bytes = 4096;
+    auto client = Endpoint::connect(ctx, url, co);
+    // The client's records are held back and sent by hand, one at a time.
+    std::vector<Endpoint::Frames> held;
+    client.set_outgoing_hook_for_testing([&held](Endpoint::Frames record) {
+      held.push_back(std::move(record));
+      return std::vector<Endpoint::Frames>{};
+    });
+    const auto data = random_bytes(11 * 4096 + 7, 9);  // 12 chunks
+    auto send = [&](std::uint64_t round) {
+      held.clear();
+      Envelope e;
+      e.round = round;
+      e.body = Pull{0, 0, 10, 0};
+      client.send({}, std::move(e), Payload{data, nullptr});
+      REQUIRE(held.size() == 12);
+    };
+    // Drains the server for `d`; returns whether a complete message of `round` arrived.
+    auto drain = [&](std::chrono::milliseconds d, std::uint64_t round) {
+      bool complete = false;
+      const auto until = std::chrono::steady_clock::now() + d;
+      while (std::chrono::steady_clock::now() < until) {
+        auto m = server.receive(10ms);
+        if (m && m->complete && m->envelope.round == round) complete = true;
+      }
+      return complete;
+    };
+    // Slow: a chunk every 150 ms, 1.8 s in all, six times the timeout; the endpoint sweeps
+    // unfinished transfers every second, so a timeout counted from the transfer's start dropped it.
+    send(1);
+    bool complete = false;
+    for (const auto& record : held) {
+      client.send_raw_for_testing({}, record);
+      complete = drain(150ms, 1) || complete;
+    }
+    CHECK(complete);
+    // Stopped: 3 chunks, 1.5 s of silence (a sweep passes), then the rest: dropped, never delivered.
+    send(2);
+    for (std::size_t i = 0; i < 3; ++i) client.send_raw_for_testing({}, held[i]);
+    CHECK_FALSE(drain(1500ms, 2));
+    for (std::size_t i = 3; i < held.size(); ++i) client.send_raw_for_testing({}, held[i]);
+    CHECK_FALSE(drain(300ms, 2));
+  }
+}

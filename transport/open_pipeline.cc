@@ -113,6 +113,7 @@ bool Endpoint::Impl::plan_chunk_open(Session& s, const ChunkHeader& c, PendingOp
     plan.dest = tr.buffer.span().subspan(offset, len);
   }
   ++tr.next_index;
+  tr.last_active = Clock::now();
   p.last = tr.next_index == tr.count;
   return true;
 }
@@ -228,9 +229,8 @@ std::size_t Endpoint::Impl::open_window() const {
 }
 
 // The pool that seals and opens bulk frames, or none: where AES-GCM runs on vector AES units
-// (about 20 GB/s a core, faster than the socket), this thread does it inline, since waking a
-// worker per chunk cost more than it saved (16 MiB pushes on 2 cores: 3.3 GB/s through the pool,
-// 4.2 inline; pulls 3.3 and 4.7).
+// (faster than the socket), this thread does it inline, since waking a worker per chunk cost
+// more than it saved (docs/PERFORMANCE.md 3.2).
 ThreadPool* Endpoint::Impl::crypto_pool() const {
   return sec::FrameCipher::vector_aes(aead) ? nullptr : options.pool;
 }

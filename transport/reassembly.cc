@@ -151,6 +151,7 @@ void Endpoint::Impl::deliver(const PeerHandle& peer, Session& s, const RecordHea
       }
       if (!commit()) return;
       ++tr.next_index;
+      tr.last_active = Clock::now();
       const bool last = tr.next_index == tr.count;
       inbox.push_back(Message{peer, s.peer_id, tr.head, offset, std::move(piece), last});
     } else {
@@ -160,6 +161,7 @@ void Endpoint::Impl::deliver(const PeerHandle& peer, Session& s, const RecordHea
       }
       if (!commit()) return;
       ++tr.next_index;
+      tr.last_active = Clock::now();
       if (tr.next_index == tr.count) {
         inbox.push_back(Message{peer, s.peer_id, std::move(tr.head), 0, std::move(tr.buffer), true});
       }

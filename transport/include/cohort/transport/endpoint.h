@@ -58,7 +58,7 @@ class Context {
 
 // Which AES-256-GCM implementation seals records (config key transport.aead). Both are standard
 // AES-256-GCM, so peers choosing differently interoperate. kAuto: Intel's ipsec-mb where the build
-// has it and the CPU has AES-NI (about 4x faster with VAES), else OpenSSL. kIpsecMb: ipsec-mb, or
+// has it and the CPU has AES-NI (faster with VAES), else OpenSSL. kIpsecMb: ipsec-mb, or
 // a ConfigError when the endpoint is made where it cannot run. kOpenSsl: always OpenSSL.
 enum class Aead { kAuto, kIpsecMb, kOpenSsl };
 
@@ -84,7 +84,7 @@ struct EndpointOptions {
   std::shared_ptr<BufferPool> buffers;               // null: the endpoint makes its own
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds send_timeout{30000};     // blocked longer than this: TimeoutError
-  std::chrono::milliseconds transfer_timeout{60000}; // half-received payloads dropped after this
+  std::chrono::milliseconds transfer_timeout{60000}; // a half-received payload with no chunk for this long is dropped
   int heartbeat_ms = 1000;                           // ZMTP heartbeats; peer dead after 5x
   int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
   // ROUTER: records queued inside ZeroMQ across all peers, shared out as budget / peers per peer,
