@@ -72,14 +72,14 @@ std::string section_toml(const ConfigSection& s) {
 
 class Rendezvous {
  public:
-  Rendezvous(const Config& config, transport::Endpoint& ep)
-      : config_(config), ep_(ep), section_(config.section("decentralized")) {
+  Rendezvous(const RendezvousOptions& options, transport::Endpoint& ep)
+      : ep_(ep), section_(options.decentralized) {
     expected_ = aggregation::decentralized_settings_from(section_).peers;  // checked already
-    model_spec_ = config.get_string("model.spec");
+    model_spec_ = options.model_spec;
     (void)kernels::make_network_spec(model_spec_);  // validates early
     training_toml_ = section_toml(section_);
-    heartbeat_ms_ = static_cast<std::uint32_t>(config.get_int("server.heartbeat_ms"));
-    timeout_ = std::chrono::milliseconds(config.get_int("server.client_timeout_ms"));
+    heartbeat_ms_ = options.heartbeat_ms;
+    timeout_ = options.client_timeout;
   }
 
   // Returns the exit code once every live peer has reported, or nullopt to go on.
@@ -270,7 +270,6 @@ class Rendezvous {
     return 0;
   }
 
-  const Config& config_;
   transport::Endpoint& ep_;
   ConfigSection section_;
   std::int64_t expected_ = 0;
@@ -284,22 +283,22 @@ class Rendezvous {
 
 }  // namespace
 
-int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx) {
+int run_rendezvous(const RendezvousOptions& options, const std::atomic<bool>& stop,
+                   transport::Context& ctx) {
   // Every key and value, at start-up, before binding: an unknown key or a bad option stops the
   // server before any peer registers, instead of every peer failing after its Welcome.
   (void)aggregation::decentralized_settings_from(
-      config.section("decentralized"),
+      options.decentralized,
       [](const std::string& spec) { (void)client::parse_partition_spec(spec); });
-  (void)kernels::make_network_spec(config.get_string("model.spec"));
+  (void)kernels::make_network_spec(options.model_spec);
   transport::EndpointOptions o;
-  o.node_id =
-      config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name");
-  o.security.insecure = config.get_bool("tls.insecure");
-  o.security.ca_file = config.get_string("tls.ca_file");
-  o.security.cert_file = config.get_string("tls.cert_file");
-  o.security.key_file = config.get_string("tls.key_file");
-  auto ep = transport::Endpoint::bind(ctx, config.get_string("server.listen"), o);
-  if (const auto path = config.get_string("server.port_file"); !path.empty()) {
+  o.node_id = options.name;
+  o.security.insecure = options.tls.insecure;
+  o.security.ca_file = options.tls.ca_file;
+  o.security.cert_file = options.tls.cert_file;
+  o.security.key_file = options.tls.key_file;
+  auto ep = transport::Endpoint::bind(ctx, options.listen, o);
+  if (const auto& path = options.port_file; !path.empty()) {
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp);
@@ -310,7 +309,7 @@ int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transpor
   }
   COHORT_LOG(Info) << "decentralized rendezvous listening on " << ep.url()
                    << (ep.is_secure() ? " (TLS)" : " (plaintext)");
-  Rendezvous r(config, ep);
+  Rendezvous r(options, ep);
   while (!stop.load()) {
     if (auto rc = r.poll(std::chrono::milliseconds(200))) {
       // Give the RoundClose messages a moment to leave before the socket closes.
