@@ -314,12 +314,11 @@ void Coordinator::start_round() {
   const std::size_t live = live_clients();
   round_sampling_rate_ =
       live == 0 ? 1.0 : static_cast<double>(chosen.size()) / static_cast<double>(live);
-  const transport::RoundStart rs{
-      .round = round_,
-      .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-      .local_epochs = train_.epochs,
-      .local_steps = train_.steps,
-      .model_version = local_.version()};
+  const transport::RoundStart rs{.round = round_,
+                                 .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                 .local_epochs = train_.epochs,
+                                 .local_steps = train_.steps,
+                                 .model_version = local_.version()};
   // Every shard learns the selection before any client does: a shard takes this round's pushes
   // only from these clients.
   round_selection_ = chosen;
@@ -348,12 +347,11 @@ void Coordinator::tick_dataparallel(TimePoint now) {
     round_ = 1;
     round_started_ = now;
     round_deadline_ = now + deadline_;
-    const transport::RoundStart rs{
-        .round = round_,
-        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-        .local_steps = dp_steps_,
-        .mode = transport::TrainingMode::kDataParallel,
-        .batch_size = train_.batch_size};
+    const transport::RoundStart rs{.round = round_,
+                                   .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                   .local_steps = dp_steps_,
+                                   .mode = transport::TrainingMode::kDataParallel,
+                                   .batch_size = train_.batch_size};
     std::size_t n = 0;
     for (const auto& [id, c] : clients_) {  // the first `clients_per_round` workers by name
       if (n++ >= per_round_) break;
@@ -407,13 +405,12 @@ void Coordinator::tick_fedbuff(TimePoint now) {
     if (busy_.size() >= concurrency_) break;
     if (starved ? !busy_.empty() : local_.buffered() + busy_.size() >= want) break;
     if (busy_.contains(it->first) || !it->second.reachable) continue;
-    const transport::RoundStart rs{
-        .round = ++round_,
-        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-        .local_epochs = train_.epochs,
-        .local_steps = train_.steps,
-        .model_version = local_.version(),
-        .mode = transport::TrainingMode::kBuffered};
+    const transport::RoundStart rs{.round = ++round_,
+                                   .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                   .local_epochs = train_.epochs,
+                                   .local_steps = train_.steps,
+                                   .model_version = local_.version(),
+                                   .mode = transport::TrainingMode::kBuffered};
     Envelope e;
     e.round = rs.round;
     e.body = rs;

@@ -102,8 +102,7 @@ void check_dp_options(const DpOptions& dp, Modes modes) {
     throw ConfigError("dp.noise_multiplier must be >= 0");
   if (dp_noise > 0 && dp_clip == 0)
     throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
-  if (const double d = dp.delta; !(d > 0 && d < 1))
-    throw ConfigError("dp.delta must be in (0, 1)");
+  if (const double d = dp.delta; !(d > 0 && d < 1)) throw ConfigError("dp.delta must be in (0, 1)");
   if (dp_clip > 0 && modes.mode != transport::TrainingMode::kFederated) {
     throw ConfigError("dp.clip applies to server.mode = federated only");
   }

@@ -34,7 +34,8 @@ std::string to_string_value(const ConfigSection& s, const std::string& name) {
 TrainForward train_forward(const ConfigSection& train) {
   TrainForward t;
   std::ostringstream toml;
-  for (const auto& name : train.names()) toml << name << " = " << to_string_value(train, name) << '\n';
+  for (const auto& name : train.names())
+    toml << name << " = " << to_string_value(train, name) << '\n';
   t.toml = toml.str();
   t.epochs = static_cast<std::uint32_t>(train.get_int("epochs", 1));
   t.steps = static_cast<std::uint32_t>(train.get_int("steps", 0));
@@ -79,11 +80,13 @@ RoundOptions round_options(const Config& c) {
   r.selection =
       c.get_string("server.selection") == "weighted" ? Selection::kWeighted : Selection::kUniform;
   r.min_clients = static_cast<std::size_t>(c.get_int("server.min_clients"));
-  r.min_updates = static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.min_updates")));
+  r.min_updates =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.min_updates")));
   r.max_failed_rounds =
       static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.max_failed_rounds")));
   r.deadline = std::chrono::milliseconds(c.get_int("server.round_deadline_ms"));
-  r.eval_every = static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.eval_every")));
+  r.eval_every =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.eval_every")));
   r.seed = static_cast<std::uint64_t>(c.get_int("server.seed"));
   r.heartbeat_ms = static_cast<std::uint32_t>(c.get_int("server.heartbeat_ms"));
   r.client_timeout = std::chrono::milliseconds(c.get_int("server.client_timeout_ms"));
@@ -106,16 +109,14 @@ ServerOptions server_options_from(const Config& c) {
       .max_staleness = c.get_int("server.max_staleness"),
       .concurrency =
           static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.concurrency")))};
-  o.dataparallel = {
-      .staleness =
-          static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.staleness"))),
-      .steps = static_cast<std::uint32_t>(c.get_int("server.steps")),
-      .workers = static_cast<std::size_t>(
-          std::max<std::int64_t>(1, c.get_int("server.clients_per_round")))};
-  o.checkpoint = {
-      .dir = c.get_string("server.checkpoint_dir"),
-      .every = static_cast<std::uint64_t>(
-          std::max<std::int64_t>(1, c.get_int("server.checkpoint_every")))};
+  o.dataparallel = {.staleness = static_cast<std::uint64_t>(
+                        std::max<std::int64_t>(0, c.get_int("server.staleness"))),
+                    .steps = static_cast<std::uint32_t>(c.get_int("server.steps")),
+                    .workers = static_cast<std::size_t>(
+                        std::max<std::int64_t>(1, c.get_int("server.clients_per_round")))};
+  o.checkpoint = {.dir = c.get_string("server.checkpoint_dir"),
+                  .every = static_cast<std::uint64_t>(
+                      std::max<std::int64_t>(1, c.get_int("server.checkpoint_every")))};
   o.dp = {.clip = c.get_double("dp.clip"),
           .noise_multiplier = c.get_double("dp.noise_multiplier"),
           .delta = c.get_double("dp.delta"),

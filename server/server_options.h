@@ -21,20 +21,20 @@ enum class Selection : std::uint8_t { kUniform, kWeighted };
 
 // Who this process is in the federation, and where it listens and reports.
 struct NodeOptions {
-  std::uint32_t index = 0;   // server.shard (0 also coordinates)
-  std::uint32_t shards = 1;  // server.shards
-  std::string name;          // server.name, or "shard-<index>" when empty
-  std::string listen;        // server.listen
-  std::string coordinator;   // server.coordinator (shards > 0: shard 0's url)
-  std::string advertise;     // server.advertise (empty: the bound url)
-  std::string port_file;     // server.port_file (empty: none)
+  std::uint32_t index = 0;                      // server.shard (0 also coordinates)
+  std::uint32_t shards = 1;                     // server.shards
+  std::string name;                             // server.name, or "shard-<index>" when empty
+  std::string listen = "tcp://127.0.0.1:7000";  // server.listen
+  std::string coordinator;                      // server.coordinator (shards > 0: shard 0's url)
+  std::string advertise;                        // server.advertise (empty: the bound url)
+  std::string port_file;                        // server.port_file (empty: none)
 };
 
 // tls.*: the endpoints' security.
 struct TlsOptions {
   bool insecure = false;                     // tls.insecure
   std::string ca_file, cert_file, key_file;  // tls.ca_file, tls.cert_file, tls.key_file
-  std::string coordinator_name;              // tls.coordinator_name
+  std::string coordinator_name = "shard-0";  // tls.coordinator_name
 };
 
 // The endpoints' security and framing.
@@ -45,8 +45,8 @@ struct TransportOptions {
 };
 
 struct ModelOptions {
-  std::string spec;        // model.spec
-  std::uint64_t seed = 1;  // model.seed: of the initial parameters
+  std::string spec = "mlp:784-256-128-10";  // model.spec
+  std::uint64_t seed = 1;                   // model.seed: of the initial parameters
 };
 
 // The coordinator's rounds (FedBuff: steps), membership and selection.
@@ -55,15 +55,15 @@ struct RoundOptions {
   // server.clients_per_round: K, the complete updates that close a federated round; in
   // data-parallel training the number of workers started.
   std::size_t clients_per_round = 10;
-  double overselect = 1.0;                         // server.overselect
-  Selection selection = Selection::kUniform;       // server.selection
-  std::size_t min_clients = 1;                     // server.min_clients
-  std::size_t min_updates = 1;                     // server.min_updates, at least 1
-  std::uint64_t max_failed_rounds = 10;            // server.max_failed_rounds, at least 0
-  std::chrono::milliseconds deadline{60000};       // server.round_deadline_ms
-  std::uint64_t eval_every = 1;                    // server.eval_every, at least 0 (0: never)
-  std::uint64_t seed = 1;                          // server.seed: of client selection
-  std::uint32_t heartbeat_ms = 2000;               // server.heartbeat_ms (sent in the Welcome)
+  double overselect = 1.0;                          // server.overselect
+  Selection selection = Selection::kUniform;        // server.selection
+  std::size_t min_clients = 1;                      // server.min_clients
+  std::size_t min_updates = 1;                      // server.min_updates, at least 1
+  std::uint64_t max_failed_rounds = 10;             // server.max_failed_rounds, at least 0
+  std::chrono::milliseconds deadline{60000};        // server.round_deadline_ms
+  std::uint64_t eval_every = 1;                     // server.eval_every, at least 0 (0: never)
+  std::uint64_t seed = 1;                           // server.seed: of client selection
+  std::uint32_t heartbeat_ms = 2000;                // server.heartbeat_ms (sent in the Welcome)
   std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
 };
 
@@ -111,12 +111,12 @@ struct ServerOptions {
   CheckpointOptions checkpoint;
   DpOptions dp;
   TrainForward train;
-  std::string metrics_file;  // server.metrics_file (shard 0)
+  std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
   // The plug-in API: the registries' factories read these sections themselves.
-  std::string aggregator_name;  // aggregator.name, default fedavg
-  ConfigSection aggregator;     // [aggregator]
-  std::string optimizer_name;   // server_optimizer.name, default sgd
-  ConfigSection optimizer;      // [server_optimizer] as optimizer_options() gives it
+  std::string aggregator_name = "fedavg";  // aggregator.name
+  ConfigSection aggregator;                // [aggregator]
+  std::string optimizer_name = "sgd";      // server_optimizer.name
+  ConfigSection optimizer;                 // [server_optimizer] as optimizer_options() gives it
 };
 
 // The options of a federated, FedBuff or data-parallel server. Throws ConfigError only as
@@ -128,11 +128,11 @@ struct RendezvousOptions {
   // [decentralized]: parsed by aggregation::decentralized_settings_from() and sent to every
   // peer as TOML, so it stays a section.
   ConfigSection decentralized;
-  std::string model_spec;     // model.spec
-  std::string name;           // server.name, or "shard-0" when empty
-  std::string listen;         // server.listen
-  std::string port_file;      // server.port_file (empty: none)
-  TlsOptions tls;             // tls.* (coordinator_name unused)
+  std::string model_spec = "mlp:784-256-128-10";    // model.spec
+  std::string name;                                 // server.name, or "shard-0" when empty
+  std::string listen = "tcp://127.0.0.1:7000";      // server.listen
+  std::string port_file;                            // server.port_file (empty: none)
+  TlsOptions tls;                                   // tls.* (coordinator_name unused)
   std::uint32_t heartbeat_ms = 2000;                // server.heartbeat_ms
   std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
 };

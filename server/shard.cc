@@ -176,8 +176,7 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
     }
   }
   FloatBuffer full(model_size);
-  kernels::make_network_spec(model_spec)
-      .initialize(model_seed_, full.span());
+  kernels::make_network_spec(model_spec).initialize(model_seed_, full.span());
   c.params = FloatBuffer(full.span().subspan(c.begin, size()));
   COHORT_LOG(Info) << "shard " << c.index << ": owns [" << c.begin << ", " << c.end << ") of "
                    << model_size << " parameters";
