@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -16,73 +15,50 @@ using namespace std::chrono_literals;
 using transport::Envelope;
 using transport::Message;
 
-std::uint64_t rounds_of(const Config& config, Modes modes) {
+std::uint64_t rounds_of(const ServerOptions& options) {
   // Data-parallel training is one long task per worker.
-  if (modes.mode == transport::TrainingMode::kDataParallel) return 1;
-  return static_cast<std::uint64_t>(config.get_int("server.rounds"));
-}
-
-// A [train] value as TOML: strings quoted, numbers and bools bare.
-std::string to_string_value(const ConfigSection& s, const std::string& name) {
-  const std::string text = s.get_string(name, "");
-  try {
-    (void)s.get_bool(name, false);
-    return text;
-  } catch (const ConfigError&) {
-  }
-  try {
-    (void)s.get_double(name, 0);
-    return text;
-  } catch (const ConfigError&) {
-  }
-  std::string quoted = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
+  if (options.modes.mode == transport::TrainingMode::kDataParallel) return 1;
+  return options.round.rounds;
 }
 
 }  // namespace
 
-Coordinator::Coordinator(const Config& config, Modes modes, Shard& local, Outbox& out,
+Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out,
                          const Clock& clock, const NodeId& name, const std::string& url,
                          MetricsSink& metrics)
-    : config_(config),
-      modes_(modes),
+    : modes_(options.modes),
       local_(local),
       out_(out),
       clock_(clock),
       metrics_(metrics),
-      rng_(static_cast<std::uint64_t>(config.get_int("server.seed"))),
-      report_(clock, metrics, modes.mode == transport::TrainingMode::kBuffered,
-              rounds_of(config, modes), config.get_double("dp.noise_multiplier"),
-              config.get_double("dp.delta")) {
-  shards_.resize(static_cast<std::size_t>(config.get_int("server.shards")));
+      rng_(options.round.seed),
+      report_(clock, metrics, options.modes.mode == transport::TrainingMode::kBuffered,
+              rounds_of(options), options.dp.noise_multiplier, options.dp.delta) {
+  const RoundOptions& r = options.round;
+  shards_.resize(options.node.shards);
   shards_[0] = {.up = true, .url = url, .node_id = name, .closed = true};
-  rounds_ = rounds_of(config, modes);
-  per_round_ = static_cast<std::size_t>(config.get_int("server.clients_per_round"));
-  min_clients_ = static_cast<std::size_t>(config.get_int("server.min_clients"));
-  min_updates_ =
-      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.min_updates")));
-  max_failed_rounds_ = static_cast<std::uint64_t>(
-      std::max<std::int64_t>(0, config.get_int("server.max_failed_rounds")));
-  deadline_ = std::chrono::milliseconds(config.get_int("server.round_deadline_ms"));
-  eval_every_ =
-      static_cast<std::uint64_t>(std::max<std::int64_t>(0, config.get_int("server.eval_every")));
-  overselect_ = config.get_double("server.overselect");
-  weighted_ = config.get_string("server.selection") == "weighted";
-  model_spec_ = config.get_string("model.spec");
+  rounds_ = rounds_of(options);
+  per_round_ = r.clients_per_round;
+  min_clients_ = r.min_clients;
+  min_updates_ = r.min_updates;
+  max_failed_rounds_ = r.max_failed_rounds;
+  deadline_ = r.deadline;
+  eval_every_ = r.eval_every;
+  overselect_ = r.overselect;
+  weighted_ = r.selection == Selection::kWeighted;
+  heartbeat_ms_ = r.heartbeat_ms;
+  client_timeout_ = r.client_timeout;
+  dp_steps_ = options.dataparallel.steps;
+  train_ = options.train;
+  model_spec_ = options.model.spec;
   model_size_ = kernels::make_network_spec(model_spec_).parameter_count();
   round_ = local.last_closed();
   committed_ = local.version();
   started_ = clock_.now();
-  dp_noise_ = config.get_double("dp.noise_multiplier");
-  dp_delta_ = config.get_double("dp.delta");
-  buffer_k_ =
-      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.buffer_size")));
-  concurrency_ =
-      static_cast<std::size_t>(std::max<std::int64_t>(1, config.get_int("server.concurrency")));
+  dp_noise_ = options.dp.noise_multiplier;
+  dp_delta_ = options.dp.delta;
+  buffer_k_ = options.fedbuff.buffer_size;
+  concurrency_ = options.fedbuff.concurrency;
   rule_min_ = local.rule_min_updates();
   // A fresh epoch per coordinator process: shards tell a restart from a reconnect by it.
   std::random_device rd;
@@ -164,7 +140,7 @@ bool Coordinator::tick_federated(TimePoint now) {
 // Clients silent for too long leave the pool (their reconnect re-registers them). The sweep
 // walks every client, so it runs at most every 100 ms, not after every message.
 void Coordinator::sweep_clients(TimePoint now) {
-  const auto timeout = std::chrono::milliseconds(config_.get_int("server.client_timeout_ms"));
+  const auto timeout = client_timeout_;
   if (now < next_sweep_) return;
   next_sweep_ = now + 100ms;
   for (auto it = clients_.begin(); it != clients_.end();) {
@@ -200,17 +176,13 @@ transport::Welcome Coordinator::welcome(std::uint32_t index) const {
   w.client_index = index;
   w.model_size = model_size_;
   w.model_spec = model_spec_;
-  w.heartbeat_ms = static_cast<std::uint32_t>(config_.get_int("server.heartbeat_ms"));
+  w.heartbeat_ms = heartbeat_ms_;
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
     auto [b, e] = shard_range(model_size_, static_cast<std::uint32_t>(shards_.size()), i);
     w.shards.push_back({i, shards_[i].url, shards_[i].node_id, b, e});
   }
   // Client-side training options travel as TOML, from the server's [train] section.
-  std::ostringstream toml;
-  for (const auto& name : config_.section("train").names()) {
-    toml << name << " = " << to_string_value(config_.section("train"), name) << '\n';
-  }
-  w.training_toml = toml.str();
+  w.training_toml = train_.toml;
   w.coordinator_epoch = epoch_;
   w.current_round = committed_round();
   return w;
@@ -342,12 +314,11 @@ void Coordinator::start_round() {
   const std::size_t live = live_clients();
   round_sampling_rate_ =
       live == 0 ? 1.0 : static_cast<double>(chosen.size()) / static_cast<double>(live);
-  const transport::RoundStart rs{
-      .round = round_,
-      .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-      .local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1)),
-      .local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0)),
-      .model_version = local_.version()};
+  const transport::RoundStart rs{.round = round_,
+                                 .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                 .local_epochs = train_.epochs,
+                                 .local_steps = train_.steps,
+                                 .model_version = local_.version()};
   // Every shard learns the selection before any client does: a shard takes this round's pushes
   // only from these clients.
   round_selection_ = chosen;
@@ -376,13 +347,11 @@ void Coordinator::tick_dataparallel(TimePoint now) {
     round_ = 1;
     round_started_ = now;
     round_deadline_ = now + deadline_;
-    const transport::RoundStart rs{
-        .round = round_,
-        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-        .local_steps = static_cast<std::uint32_t>(config_.get_int("server.steps")),
-        .mode = transport::TrainingMode::kDataParallel,
-        .batch_size =
-            static_cast<std::uint32_t>(config_.section("train").get_int("batch_size", 64))};
+    const transport::RoundStart rs{.round = round_,
+                                   .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                   .local_steps = dp_steps_,
+                                   .mode = transport::TrainingMode::kDataParallel,
+                                   .batch_size = train_.batch_size};
     std::size_t n = 0;
     for (const auto& [id, c] : clients_) {  // the first `clients_per_round` workers by name
       if (n++ >= per_round_) break;
@@ -436,13 +405,12 @@ void Coordinator::tick_fedbuff(TimePoint now) {
     if (busy_.size() >= concurrency_) break;
     if (starved ? !busy_.empty() : local_.buffered() + busy_.size() >= want) break;
     if (busy_.contains(it->first) || !it->second.reachable) continue;
-    const transport::RoundStart rs{
-        .round = ++round_,
-        .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
-        .local_epochs = static_cast<std::uint32_t>(config_.section("train").get_int("epochs", 1)),
-        .local_steps = static_cast<std::uint32_t>(config_.section("train").get_int("steps", 0)),
-        .model_version = local_.version(),
-        .mode = transport::TrainingMode::kBuffered};
+    const transport::RoundStart rs{.round = ++round_,
+                                   .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
+                                   .local_epochs = train_.epochs,
+                                   .local_steps = train_.steps,
+                                   .model_version = local_.version(),
+                                   .mode = transport::TrainingMode::kBuffered};
     Envelope e;
     e.round = rs.round;
     e.body = rs;

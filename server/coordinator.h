@@ -15,12 +15,12 @@
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/core/clock.h"
-#include "cohort/core/config.h"
 #include "cohort/core/metrics.h"
 
 #include "mode.h"
 #include "outbox.h"
 #include "round_report.h"
+#include "server_options.h"
 #include "shard.h"
 
 namespace cohort::server {
@@ -29,7 +29,8 @@ class Coordinator {
  public:
   // `local` is shard 0, in this process (set up already); `name` and `url` are shard 0's node id
   // and listening url, as the Welcome lists them. Every reference must outlive the coordinator.
-  Coordinator(const Config& config, Modes modes, Shard& local, Outbox& out, const Clock& clock,
+  // Keeps what it needs of `options` (the modes, rounds, FedBuff, DP, [train] to forward).
+  Coordinator(const ServerOptions& options, Shard& local, Outbox& out, const Clock& clock,
               const NodeId& name, const std::string& url, MetricsSink& metrics);
 
   [[nodiscard]] bool finished() const { return finished_; }
@@ -110,7 +111,6 @@ class Coordinator {
   void give_up();
   void finish(const char* why = "training finished");
 
-  const Config& config_;
   Modes modes_;
   Shard& local_;
   Outbox& out_;
@@ -129,6 +129,10 @@ class Coordinator {
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
+  std::chrono::milliseconds client_timeout_{60000};
+  std::uint32_t heartbeat_ms_ = 2000;
+  std::uint32_t dp_steps_ = 100;  // data-parallel: steps each worker takes
+  TrainForward train_;            // [train], forwarded to the clients
   State state_ = State::kIdle;
   std::uint64_t epoch_ = 0;
   std::uint64_t closing_round_ = 0;  // the round (FedBuff: step) being prepared or closed

@@ -18,13 +18,12 @@ constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
 
 struct Fixture {
   explicit Fixture(std::vector<std::string> overrides)
-      : config(testing::make_config(std::move(overrides))),
+      : options(testing::make_options(std::move(overrides))),
         registries(builtin_registries()),
-        shards(static_cast<std::uint32_t>(config.get_int("server.shards"))),
-        shard(config, registries, 0, shards, parse_modes(config), out, nullptr) {
+        shards(options.node.shards),
+        shard(options, registries, out, nullptr) {
     shard.setup("mlp:2-2", kModelSize);
-    coordinator.emplace(config, parse_modes(config), shard, out, clock, "coordinator",
-                        "inproc://test", metrics);
+    coordinator.emplace(options, shard, out, clock, "coordinator", "inproc://test", metrics);
   }
 
   void deliver(transport::Message m) {
@@ -76,7 +75,7 @@ struct Fixture {
         round, ++seq);
   }
 
-  Config config;
+  ServerOptions options;
   Registries registries;
   std::uint32_t shards;
   RecordingOutbox out;

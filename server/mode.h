@@ -1,5 +1,6 @@
 // The server's training mode and data-parallel consistency model, read from the configuration
-// once at the edge (run()) and passed on as enums. Internal to the server library.
+// once at the edge (server_options_from(), called by run()) and passed on as enums. Internal to
+// the server library.
 #pragma once
 
 #include <cstdint>

@@ -22,6 +22,7 @@
 #include "options.h"
 #include "outbox.h"
 #include "rendezvous.h"
+#include "server_options.h"
 #include "shard.h"
 
 namespace cohort::server {
@@ -59,8 +60,11 @@ class EndpointOutbox final : public Outbox {
   Endpoint& ep_;
 };
 
-// What run() checks before it opens a socket; returns this node's name.
-std::string check_options(const Config& config, std::uint32_t shards, std::uint32_t index) {
+// What run() checks before it opens a socket (and before server_options_from(), whose
+// server.consistency error comes after these).
+void check_options(const Config& config) {
+  const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
+  const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
   if (shards < 1 || index >= shards) {
     throw ConfigError("server.shard must be in [0, server.shards)");
   }
@@ -77,63 +81,71 @@ std::string check_options(const Config& config, std::uint32_t shards, std::uint3
     throw ConfigError("shard " + std::to_string(index) +
                       " needs --coordinator (the url of shard 0)");
   }
-  return name;
 }
 
 // The dp.* options' ranges, and that DP applies to federated rounds only.
-void check_dp_options(const Config& config, Modes modes) {
-  const double dp_clip = config.get_double("dp.clip"),
-               dp_noise = config.get_double("dp.noise_multiplier");
+void check_dp_options(const DpOptions& dp, Modes modes) {
+  const double dp_clip = dp.clip, dp_noise = dp.noise_multiplier;
   if (!(dp_clip >= 0) || !std::isfinite(dp_clip)) throw ConfigError("dp.clip must be >= 0");
   if (!(dp_noise >= 0) || !std::isfinite(dp_noise))
     throw ConfigError("dp.noise_multiplier must be >= 0");
   if (dp_noise > 0 && dp_clip == 0)
     throw ConfigError("dp.noise_multiplier needs dp.clip > 0 (the sensitivity)");
-  if (const double d = config.get_double("dp.delta"); !(d > 0 && d < 1))
-    throw ConfigError("dp.delta must be in (0, 1)");
+  if (const double d = dp.delta; !(d > 0 && d < 1)) throw ConfigError("dp.delta must be in (0, 1)");
   if (dp_clip > 0 && modes.mode != transport::TrainingMode::kFederated) {
     throw ConfigError("dp.clip applies to server.mode = federated only");
   }
 }
 
 // The listening endpoint's options.
-transport::EndpointOptions listen_options(const Config& config, const std::string& name,
-                                          ThreadPool& pool) {
-  auto opts = shard_endpoint_options(config, name);
+transport::EndpointOptions listen_options(const ServerOptions& options, ThreadPool& pool) {
+  auto opts = options.transport.endpoint;
   opts.pool = &pool;
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
   // In one process (cohort-sim) a fleet socket may speak for many virtual clients.
-  opts.multiplex = config.get_string("server.listen").rfind("inproc://", 0) == 0;
-  set_listener_receive_queue(config, opts);
+  opts.multiplex = options.node.listen.rfind("inproc://", 0) == 0;
+  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
+  // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
+  // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
+  // the socket meanwhile, so two measured faster (docs/PERFORMANCE.md 3.4). Two pay off only
+  // while few clients stream at once: with many, the shard always has another client's chunk to
+  // work on, so past 8 connected peers each gets one (a budget of 16).
+  const std::int64_t queue = options.transport.receive_queue;
+  if (queue < 0 || queue > 65536) {
+    throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
+                      std::to_string(queue));
+  }
+  opts.receive_queue = queue > 0 ? static_cast<int>(queue) : (opts.security.insecure ? 1 : 2);
+  if (queue == 0 && !opts.security.insecure) opts.receive_budget = 16;
   return opts;
 }
 
 // One server process: shard `index`, and on shard 0 the coordinator. Owns the endpoints.
 class Node {
  public:
-  Node(const Config& config, const Registries& registries, transport::Context& ctx, Modes modes,
-       std::uint32_t shards, std::uint32_t index, std::string name, ThreadPool& pool)
-      : config_(config),
-        index_(index),
-        name_(std::move(name)),
-        ep_(Endpoint::bind(ctx, config.get_string("server.listen"),
-                           listen_options(config, name_, pool))),
+  // `options` must outlive the node.
+  Node(const ServerOptions& options, const Registries& registries, transport::Context& ctx,
+       ThreadPool& pool)
+      : options_(options),
+        index_(options.node.index),
+        name_(options.node.name),
+        ep_(Endpoint::bind(ctx, options.node.listen, listen_options(options, pool))),
         out_(ep_) {
-    write_port_file(config.get_string("server.port_file"), ep_.url());
+    write_port_file(options.node.port_file, ep_.url());
     COHORT_LOG(Info) << name_ << " listening on " << ep_.url()
                      << (ep_.is_secure() ? " (TLS)" : " (plaintext)");
-    if (index == 0) metrics_.emplace(config.get_string("server.metrics_file"));
-    shard_.emplace(config, registries, index, shards, modes, out_, metrics_ ? &*metrics_ : nullptr);
-    if (index == 0) {
-      const std::string spec = config.get_string("model.spec");
+    if (index_ == 0) metrics_.emplace(options.metrics_file);
+    shard_.emplace(options, registries, out_, metrics_ ? &*metrics_ : nullptr);
+    if (index_ == 0) {
+      const std::string& spec = options.model.spec;
       shard_->setup(spec, kernels::make_network_spec(spec).parameter_count());
-      coordinator_.emplace(config, modes, *shard_, out_, clock_, name_, ep_.url(), *metrics_);
+      coordinator_.emplace(options, *shard_, out_, clock_, name_, ep_.url(), *metrics_);
     } else {
-      auto up = shard_endpoint_options(config, name_);
+      auto up = options.transport.endpoint;
       // Only the federation's coordinator may drive this shard: any other certificate of the same
       // CA is refused in the handshake.
-      up.security.expected_peer = config.get_string("tls.coordinator_name");
-      upstream_.emplace(Endpoint::connect(ctx, config.get_string("server.coordinator"), up));
+      up.security.expected_peer = options.transport.tls.coordinator_name;
+      upstream_.emplace(Endpoint::connect(ctx, options.node.coordinator, up));
     }
   }
 
@@ -147,7 +159,7 @@ class Node {
   // A message on the listening endpoint: the shard's, else the coordinator's, else refused.
   void on_listener(Message& m);
 
-  const Config& config_;
+  const ServerOptions& options_;
   std::uint32_t index_;
   std::string name_;
   SteadyClock clock_;
@@ -164,9 +176,7 @@ void Node::register_upstream() {
   transport::Register r;
   r.role = transport::Role::kShard;
   r.shard_index = index_;
-  r.listen_url = config_.get_string("server.advertise").empty()
-                     ? ep_.url()
-                     : config_.get_string("server.advertise");
+  r.listen_url = options_.node.advertise.empty() ? ep_.url() : options_.node.advertise;
   Envelope e;
   e.body = r;
   upstream_->send({}, std::move(e));
@@ -277,16 +287,17 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx) {
   validate(config, registries);
-  if (config.get_string("server.mode") == "decentralized") return run_rendezvous(config, stop, ctx);
-  const auto shards = static_cast<std::uint32_t>(config.get_int("server.shards"));
-  const auto index = static_cast<std::uint32_t>(config.get_int("server.shard"));
-  std::string name = check_options(config, shards, index);
-  const Modes modes = parse_modes(config);
-  (void)kernels::make_network_spec(config.get_string("model.spec"))
+  if (config.get_string("server.mode") == "decentralized") {
+    return run_rendezvous(rendezvous_options_from(config), stop, ctx);
+  }
+  check_options(config);
+  // The edge: from here on the server reads typed options, never the Config.
+  const ServerOptions options = server_options_from(config);
+  (void)kernels::make_network_spec(options.model.spec)
       .parameter_count();  // validates the spec early
-  check_dp_options(config, modes);
+  check_dp_options(options.dp, options.modes);
   ThreadPool pool(2);
-  Node node(config, registries, ctx, modes, shards, index, std::move(name), pool);
+  Node node(options, registries, ctx, pool);
   return node.serve(stop);
 }
 

@@ -73,14 +73,14 @@ std::string section_toml(const ConfigSection& s) {
 
 class Rendezvous {
  public:
-  Rendezvous(const Config& config, transport::Endpoint& ep)
-      : config_(config), ep_(ep), section_(config.section("decentralized")) {
+  Rendezvous(const RendezvousOptions& options, transport::Endpoint& ep)
+      : ep_(ep), section_(options.decentralized) {
     expected_ = aggregation::decentralized_settings_from(section_).peers;  // checked already
-    model_spec_ = config.get_string("model.spec");
+    model_spec_ = options.model_spec;
     (void)kernels::make_network_spec(model_spec_);  // validates early
     training_toml_ = section_toml(section_);
-    heartbeat_ms_ = static_cast<std::uint32_t>(config.get_int("server.heartbeat_ms"));
-    timeout_ = std::chrono::milliseconds(config.get_int("server.client_timeout_ms"));
+    heartbeat_ms_ = options.heartbeat_ms;
+    timeout_ = options.client_timeout;
   }
 
   // Returns the exit code once every live peer has reported, or nullopt to go on.
@@ -271,7 +271,6 @@ class Rendezvous {
     return 0;
   }
 
-  const Config& config_;
   transport::Endpoint& ep_;
   ConfigSection section_;
   std::int64_t expected_ = 0;
@@ -285,17 +284,16 @@ class Rendezvous {
 
 }  // namespace
 
-int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx) {
+int run_rendezvous(const RendezvousOptions& options, const std::atomic<bool>& stop,
+                   transport::Context& ctx) {
   // Every key and value, at start-up, before binding: an unknown key or a bad option stops the
   // server before any peer registers, instead of every peer failing after its Welcome.
   (void)aggregation::decentralized_settings_from(
-      config.section("decentralized"),
+      options.decentralized,
       [](const std::string& spec) { (void)client::parse_partition_spec(spec); });
-  (void)kernels::make_network_spec(config.get_string("model.spec"));
-  auto o = shard_endpoint_options(
-      config, config.get_string("server.name").empty() ? "shard-0" : config.get_string("server.name"));
-  auto ep = transport::Endpoint::bind(ctx, config.get_string("server.listen"), o);
-  if (const auto path = config.get_string("server.port_file"); !path.empty()) {
+  (void)kernels::make_network_spec(options.model_spec);
+  auto ep = transport::Endpoint::bind(ctx, options.listen, options.endpoint);
+  if (const auto& path = options.port_file; !path.empty()) {
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp);
@@ -306,7 +304,7 @@ int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transpor
   }
   COHORT_LOG(Info) << "decentralized rendezvous listening on " << ep.url()
                    << (ep.is_secure() ? " (TLS)" : " (plaintext)");
-  Rendezvous r(config, ep);
+  Rendezvous r(options, ep);
   while (!stop.load()) {
     if (auto rc = r.poll(std::chrono::milliseconds(200))) {
       // Give the RoundClose messages a moment to leave before the socket closes.

@@ -14,7 +14,7 @@
 
 #include <atomic>
 
-#include "cohort/core/config.h"
+#include "server_options.h"
 
 namespace cohort::transport {
 class Context;
@@ -22,6 +22,8 @@ class Context;
 
 namespace cohort::server {
 
-int run_rendezvous(const Config& config, const std::atomic<bool>& stop, transport::Context& ctx);
+// Checks options.decentralized and the model first (a ConfigError before binding).
+int run_rendezvous(const RendezvousOptions& options, const std::atomic<bool>& stop,
+                   transport::Context& ctx);
 
 }  // namespace cohort::server

@@ -9,7 +9,6 @@
 #include "cohort/kernels/network.h"
 
 #include "modes/modes.h"
-#include "options.h"
 
 namespace cohort::server {
 
@@ -25,10 +24,10 @@ std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uin
 
 // ---- ShardCore ----------------------------------------------------------------------------
 
-ShardCore::ShardCore(const Config& c, Outbox& o, std::uint32_t i, std::uint32_t n, MetricsSink* m)
-    : config(c), out(o), metrics(m), index(i), shards(n) {
-  const auto dir = c.get_string("server.checkpoint_dir");
-  if (!dir.empty()) store.emplace(dir, "shard-" + std::to_string(i));
+ShardCore::ShardCore(const CheckpointOptions& checkpoint, Outbox& o, std::uint32_t i,
+                     std::uint32_t n, MetricsSink* m)
+    : checkpoint_every(checkpoint.every), out(o), metrics(m), index(i), shards(n) {
+  if (!checkpoint.dir.empty()) store.emplace(checkpoint.dir, "shard-" + std::to_string(i));
 }
 
 void ShardCore::reply_ack(const Message& m, bool ok, std::string reason) {
@@ -82,8 +81,7 @@ void ShardCore::checkpoint() {
 
 void ShardCore::checkpoint_if_due(std::uint64_t count) {
   if (!store) return;
-  const auto every = std::max<std::int64_t>(1, config.get_int("server.checkpoint_every"));
-  if (count % static_cast<std::uint64_t>(every) == 0) checkpoint();
+  if (count % checkpoint_every == 0) checkpoint();
 }
 
 std::string ShardCore::rule_refusal(std::size_t n) const {
@@ -117,24 +115,30 @@ void ShardCore::give_back(std::unique_ptr<aggregation::PushDecoder> decoder) {
 
 namespace {
 
-std::unique_ptr<ShardMode> make_mode(ShardCore& core, Modes modes) {
-  switch (modes.mode) {
-    case transport::TrainingMode::kFederated: return make_federated_mode(core);
-    case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core);
+std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& options) {
+  switch (options.modes.mode) {
+    case transport::TrainingMode::kFederated: return make_federated_mode(core, options.dp);
+    case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core, options.fedbuff);
     case transport::TrainingMode::kDataParallel:
-      return make_dataparallel_mode(core, modes.consistency);
+      return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel);
   }
   throw ConfigError("unknown training mode");
 }
 
 }  // namespace
 
-Shard::Shard(const Config& config, const Registries& registries, std::uint32_t index,
-             std::uint32_t shards, Modes modes, Outbox& out, MetricsSink* metrics)
+Shard::Shard(const ServerOptions& options, const Registries& registries, Outbox& out,
+             MetricsSink* metrics)
     : registries_(registries),
-      modes_(modes),
-      core_(config, out, index, shards, metrics),
-      mode_(make_mode(core_, modes)) {}
+      modes_(options.modes),
+      aggregator_name_(options.aggregator_name),
+      aggregator_options_(options.aggregator),
+      optimizer_name_(options.optimizer_name),
+      optimizer_options_(options.optimizer),
+      checkpoint_dir_(options.checkpoint.dir),
+      model_seed_(options.model.seed),
+      core_(options.checkpoint, out, options.node.index, options.node.shards, metrics),
+      mode_(make_mode(core_, options)) {}
 
 Shard::~Shard() = default;
 
@@ -144,10 +148,9 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
   c.begin = b;
   c.end = e;
   c.model_spec = model_spec;
-  c.aggregator_name = c.config.section("aggregator").get_string("name", "fedavg");
-  c.aggregator = registries_.aggregators.create(c.aggregator_name, c.config.section("aggregator"));
-  c.optimizer = registries_.server_optimizers.create(
-      c.config.section("server_optimizer").get_string("name", "sgd"), optimizer_options(c.config));
+  c.aggregator_name = aggregator_name_;
+  c.aggregator = registries_.aggregators.create(c.aggregator_name, aggregator_options_);
+  c.optimizer = registries_.server_optimizers.create(optimizer_name_, optimizer_options_);
   c.optimizer->reset(size());
   if (c.store) {
     std::vector<std::string> skipped;
@@ -155,7 +158,7 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
     for (const auto& s : skipped) COHORT_LOG(Warn) << "shard " << c.index << ": skipped " << s;
     if (state) {
       if (state->begin != c.begin || state->end != c.end || state->model_spec != model_spec) {
-        throw ConfigError("checkpoint in " + c.config.get_string("server.checkpoint_dir") +
+        throw ConfigError("checkpoint in " + checkpoint_dir_ +
                           " is for another model or shard layout (" + state->model_spec + ")");
       }
       c.params = std::move(state->params);
@@ -173,8 +176,7 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
     }
   }
   FloatBuffer full(model_size);
-  kernels::make_network_spec(model_spec)
-      .initialize(static_cast<std::uint64_t>(c.config.get_int("model.seed")), full.span());
+  kernels::make_network_spec(model_spec).initialize(model_seed_, full.span());
   c.params = FloatBuffer(full.span().subspan(c.begin, size()));
   COHORT_LOG(Info) << "shard " << c.index << ": owns [" << c.begin << ", " << c.end << ") of "
                    << model_size << " parameters";

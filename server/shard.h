@@ -20,10 +20,11 @@ namespace cohort::server {
 
 class Shard {
  public:
-  // Shard `index` of `shards`, in `modes`, answering through `out`. `metrics` may be null
-  // (only shard 0 writes metrics). Reads server.*, dp.*, [aggregator] and [server_optimizer].
-  Shard(const Config& config, const Registries& registries, std::uint32_t index,
-        std::uint32_t shards, Modes modes, Outbox& out, MetricsSink* metrics);
+  // Shard options.node.index of options.node.shards, in options.modes, answering through `out`.
+  // `metrics` may be null (only shard 0 writes metrics). Keeps what it needs of `options`
+  // (checkpoints, DP, the mode's settings, the rule's and the optimizer's sections).
+  Shard(const ServerOptions& options, const Registries& registries, Outbox& out,
+        MetricsSink* metrics);
   ~Shard();
 
   // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.
@@ -70,12 +71,19 @@ class Shard {
   // prepared and the coordinator committed before it died is committed here too.
   void on_welcome(std::uint64_t epoch, std::uint64_t committed);
 
-  // Writes a checkpoint now (when server.checkpoint_dir is set); a failure is logged.
+  // Writes a checkpoint now (when a checkpoint directory is set); a failure is logged.
   void checkpoint() { core_.checkpoint(); }
 
  private:
   const Registries& registries_;
   Modes modes_;
+  // For setup(): the registries' factories read the sections themselves (the plug-in API).
+  std::string aggregator_name_;
+  ConfigSection aggregator_options_;
+  std::string optimizer_name_;
+  ConfigSection optimizer_options_;
+  std::string checkpoint_dir_;  // named in the error for a checkpoint of another model
+  std::uint64_t model_seed_;
   ShardCore core_;
   std::unique_ptr<ShardMode> mode_;
   std::uint64_t coordinator_epoch_ = 0;  // of the coordinator that last welcomed this shard

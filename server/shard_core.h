@@ -13,13 +13,13 @@
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/server_optimizer.h"
 #include "cohort/core/buffer.h"
-#include "cohort/core/config.h"
 #include "cohort/core/metrics.h"
 #include "cohort/server/checkpoint.h"
 
 #include "mode.h"
 #include "outbox.h"
 #include "push_intake.h"
+#include "server_options.h"
 
 namespace cohort::server {
 
@@ -36,8 +36,9 @@ std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uin
 
 // The state a shard's modes share. Not thread-safe: one thread drives the shard.
 struct ShardCore {
-  ShardCore(const Config& config, Outbox& out, std::uint32_t index, std::uint32_t shards,
-            MetricsSink* metrics);
+  // Checkpoints go to `checkpoint.dir` (none when empty).
+  ShardCore(const CheckpointOptions& checkpoint, Outbox& out, std::uint32_t index,
+            std::uint32_t shards, MetricsSink* metrics);
 
   [[nodiscard]] std::size_t size() const { return static_cast<std::size_t>(end - begin); }
   [[nodiscard]] ShardRange range() const { return {index, begin, end}; }
@@ -48,7 +49,7 @@ struct ShardCore {
   void serve_pull(const transport::Message& m, const transport::Pull& p);
   // Writes a checkpoint of the range, the version and the optimizer's state (when a store is set).
   void checkpoint();
-  // Checkpoints when `count` is a multiple of server.checkpoint_every (and a store is set).
+  // Checkpoints when `count` is a multiple of checkpoint_every (and a store is set).
   void checkpoint_if_due(std::uint64_t count);
   // Why a rule-based round could not close with `n` complete updates (phase one's refusal).
   [[nodiscard]] std::string rule_refusal(std::size_t n) const;
@@ -59,7 +60,7 @@ struct ShardCore {
   std::unique_ptr<aggregation::PushDecoder> take_decoder(aggregation::WireFormat format);
   void give_back(std::unique_ptr<aggregation::PushDecoder> decoder);
 
-  const Config& config;
+  const std::uint64_t checkpoint_every;  // server.checkpoint_every, at least 1
   Outbox& out;
   MetricsSink* metrics;
   const std::uint32_t index, shards;

@@ -17,9 +17,9 @@ constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
 struct Fixture {
   explicit Fixture(std::vector<std::string> overrides, std::uint32_t index = 0,
                    std::uint32_t shards = 1)
-      : config(testing::make_config(std::move(overrides))),
+      : options(with_layout(testing::make_options(std::move(overrides)), index, shards)),
         registries(builtin_registries()),
-        shard(config, registries, index, shards, parse_modes(config), out, nullptr) {
+        shard(options, registries, out, nullptr) {
     shard.setup("mlp:2-2", kModelSize);
   }
   // A delta push of the whole range (one shard).
@@ -42,7 +42,14 @@ struct Fixture {
   }
   std::vector<float> params() const { return {shard.params().begin(), shard.params().end()}; }
 
-  Config config;
+  // Shard `index` of `shards`, whatever server.shard and server.shards say.
+  static ServerOptions with_layout(ServerOptions o, std::uint32_t index, std::uint32_t shards) {
+    o.node.index = index;
+    o.node.shards = shards;
+    return o;
+  }
+
+  ServerOptions options;
   Registries registries;
   RecordingOutbox out;
   Shard shard;

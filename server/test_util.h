@@ -1,5 +1,6 @@
-// Test helpers for the shard and coordinator unit tests: a recording Outbox, a configuration
-// from overrides, and messages built as node.cc would receive them. Tests only.
+// Test helpers for the shard and coordinator unit tests: a recording Outbox, options from
+// "key=value" overrides (as run() builds them), and messages built as node.cc would receive
+// them. Tests only.
 #pragma once
 
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "cohort/server/server.h"
 
 #include "outbox.h"
+#include "server_options.h"
 
 namespace cohort::server::testing {
 
@@ -54,6 +56,11 @@ class RecordingOutbox final : public Outbox {
 inline Config make_config(std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), {"model.spec=mlp:2-2", "server.eval_every=0"});
   return Config::load(config_schema(), std::nullopt, overrides);
+}
+
+// The server's options from make_config(overrides), filled as run() fills them.
+inline ServerOptions make_options(std::vector<std::string> overrides) {
+  return server_options_from(make_config(std::move(overrides)));
 }
 
 // A message as node.cc hands it over: from `sender` (peer handle "peer:<sender>").

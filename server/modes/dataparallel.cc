@@ -22,12 +22,10 @@ using transport::Message;
 
 class DataParallelMode final : public ShardMode {
  public:
-  DataParallelMode(ShardCore& core, Consistency consistency)
+  DataParallelMode(ShardCore& core, Consistency consistency, const DataParallelOptions& options)
       : core_(core), consistency_(consistency) {
-    staleness_bound_ = static_cast<std::uint64_t>(
-        std::max<std::int64_t>(0, core.config.get_int("server.staleness")));
-    workers_ = static_cast<std::size_t>(
-        std::max<std::int64_t>(1, core.config.get_int("server.clients_per_round")));
+    staleness_bound_ = options.staleness;
+    workers_ = options.workers;
   }
 
   void on_pull(Message& m, const transport::Pull& p) override {
@@ -268,8 +266,9 @@ void DataParallelMode::on_streamed_gradient_chunk(Message& m, const std::string&
 
 }  // namespace
 
-std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency) {
-  return std::make_unique<DataParallelMode>(core, consistency);
+std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency,
+                                                  const DataParallelOptions& options) {
+  return std::make_unique<DataParallelMode>(core, consistency, options);
 }
 
 }  // namespace cohort::server

@@ -20,10 +20,9 @@ using transport::Message;
 
 class FedBuffMode final : public ShardMode {
  public:
-  explicit FedBuffMode(ShardCore& core) : core_(core) {
-    max_staleness_ = core.config.get_int("server.max_staleness");
-    buffer_k_ = static_cast<std::size_t>(
-        std::max<std::int64_t>(1, core.config.get_int("server.buffer_size")));
+  FedBuffMode(ShardCore& core, const FedBuffOptions& options) : core_(core) {
+    max_staleness_ = options.max_staleness;
+    buffer_k_ = options.buffer_size;
   }
 
   void on_pull(Message& m, const transport::Pull& p) override { core_.serve_pull(m, p); }
@@ -175,8 +174,8 @@ void FedBuffMode::on_push(Message& m, const transport::Push& p) {
 
 }  // namespace
 
-std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core) {
-  return std::make_unique<FedBuffMode>(core);
+std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core, const FedBuffOptions& options) {
+  return std::make_unique<FedBuffMode>(core, options);
 }
 
 }  // namespace cohort::server

@@ -19,10 +19,10 @@ using transport::Message;
 
 class FederatedMode final : public ShardMode {
  public:
-  explicit FederatedMode(ShardCore& core) : core_(core) {
-    dp_clip_ = core.config.get_double("dp.clip");
-    dp_noise_ = core.config.get_double("dp.noise_multiplier");
-    dp_seed_ = static_cast<std::uint64_t>(core.config.get_int("dp.seed"));
+  FederatedMode(ShardCore& core, const DpOptions& dp) : core_(core) {
+    dp_clip_ = dp.clip;
+    dp_noise_ = dp.noise_multiplier;
+    dp_seed_ = dp.seed;
     // Each shard draws its own noise: a seed shared by the shards would correlate their ranges.
     if (dp_seed_ == 0)
       dp_seed_ = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
@@ -275,8 +275,8 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
 
 }  // namespace
 
-std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core) {
-  return std::make_unique<FederatedMode>(core);
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp) {
+  return std::make_unique<FederatedMode>(core, dp);
 }
 
 }  // namespace cohort::server

@@ -9,10 +9,11 @@
 namespace cohort::server {
 
 // Federated rounds: the coordinator's selection, streamed deltas into the aggregation rule, DP.
-std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core);
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp);
 // FedBuff: staleness-weighted deltas buffered until the coordinator steps every shard at K.
-std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core);
+std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core, const FedBuffOptions& options);
 // Data-parallel workers' gradients under BSP, ASP or SSP.
-std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency);
+std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency,
+                                                  const DataParallelOptions& options);
 
 }  // namespace cohort::server

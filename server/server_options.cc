@@ -1,0 +1,148 @@
+#include "server_options.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "cohort/core/error.h"
+
+#include "options.h"
+
+namespace cohort::server {
+namespace {
+
+// A [train] value as TOML: strings quoted, numbers and bools bare.
+std::string to_string_value(const ConfigSection& s, const std::string& name) {
+  const std::string text = s.get_string(name, "");
+  try {
+    (void)s.get_bool(name, false);
+    return text;
+  } catch (const ConfigError&) {
+  }
+  try {
+    (void)s.get_double(name, 0);
+    return text;
+  } catch (const ConfigError&) {
+  }
+  std::string quoted = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+TrainForward train_forward(const ConfigSection& train) {
+  TrainForward t;
+  std::ostringstream toml;
+  for (const auto& name : train.names())
+    toml << name << " = " << to_string_value(train, name) << '\n';
+  t.toml = toml.str();
+  t.epochs = static_cast<std::uint32_t>(train.get_int("epochs", 1));
+  t.steps = static_cast<std::uint32_t>(train.get_int("steps", 0));
+  t.batch_size = static_cast<std::uint32_t>(train.get_int("batch_size", 64));
+  return t;
+}
+
+NodeOptions node_options(const Config& c) {
+  NodeOptions n;
+  n.index = static_cast<std::uint32_t>(c.get_int("server.shard"));
+  n.shards = static_cast<std::uint32_t>(c.get_int("server.shards"));
+  n.name = c.get_string("server.name");
+  if (n.name.empty()) n.name = "shard-" + std::to_string(n.index);
+  n.listen = c.get_string("server.listen");
+  n.coordinator = c.get_string("server.coordinator");
+  n.advertise = c.get_string("server.advertise");
+  n.port_file = c.get_string("server.port_file");
+  return n;
+}
+
+TlsOptions tls_options(const Config& c) {
+  return {.insecure = c.get_bool("tls.insecure"),
+          .ca_file = c.get_string("tls.ca_file"),
+          .cert_file = c.get_string("tls.cert_file"),
+          .key_file = c.get_string("tls.key_file"),
+          .coordinator_name = c.get_string("tls.coordinator_name")};
+}
+
+TransportOptions transport_options(const Config& c, const std::string& name) {
+  TransportOptions t;
+  t.tls = tls_options(c);
+  t.endpoint = shard_endpoint_options(c, name);
+  t.chunk_bytes = static_cast<std::size_t>(c.get_int("transport.chunk_kib")) * 1024;
+  t.receive_queue = c.get_int("transport.receive_queue");
+  return t;
+}
+
+RoundOptions round_options(const Config& c) {
+  RoundOptions r;
+  r.rounds = static_cast<std::uint64_t>(c.get_int("server.rounds"));
+  r.clients_per_round = static_cast<std::size_t>(c.get_int("server.clients_per_round"));
+  r.overselect = c.get_double("server.overselect");
+  r.selection =
+      c.get_string("server.selection") == "weighted" ? Selection::kWeighted : Selection::kUniform;
+  r.min_clients = static_cast<std::size_t>(c.get_int("server.min_clients"));
+  r.min_updates =
+      static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.min_updates")));
+  r.max_failed_rounds =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.max_failed_rounds")));
+  r.deadline = std::chrono::milliseconds(c.get_int("server.round_deadline_ms"));
+  r.eval_every =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.eval_every")));
+  r.seed = static_cast<std::uint64_t>(c.get_int("server.seed"));
+  r.heartbeat_ms = static_cast<std::uint32_t>(c.get_int("server.heartbeat_ms"));
+  r.client_timeout = std::chrono::milliseconds(c.get_int("server.client_timeout_ms"));
+  return r;
+}
+
+}  // namespace
+
+ServerOptions server_options_from(const Config& c) {
+  ServerOptions o;
+  o.modes = parse_modes(c);
+  o.node = node_options(c);
+  o.transport = transport_options(c, o.node.name);
+  o.model = {.spec = c.get_string("model.spec"),
+             .seed = static_cast<std::uint64_t>(c.get_int("model.seed"))};
+  o.round = round_options(c);
+  o.fedbuff = {
+      .buffer_size =
+          static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.buffer_size"))),
+      .max_staleness = c.get_int("server.max_staleness"),
+      .concurrency =
+          static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.concurrency")))};
+  o.dataparallel = {.staleness = static_cast<std::uint64_t>(
+                        std::max<std::int64_t>(0, c.get_int("server.staleness"))),
+                    .steps = static_cast<std::uint32_t>(c.get_int("server.steps")),
+                    .workers = static_cast<std::size_t>(
+                        std::max<std::int64_t>(1, c.get_int("server.clients_per_round")))};
+  o.checkpoint = {.dir = c.get_string("server.checkpoint_dir"),
+                  .every = static_cast<std::uint64_t>(
+                      std::max<std::int64_t>(1, c.get_int("server.checkpoint_every")))};
+  o.dp = {.clip = c.get_double("dp.clip"),
+          .noise_multiplier = c.get_double("dp.noise_multiplier"),
+          .delta = c.get_double("dp.delta"),
+          .seed = static_cast<std::uint64_t>(c.get_int("dp.seed"))};
+  o.train = train_forward(c.section("train"));
+  o.metrics_file = c.get_string("server.metrics_file");
+  o.aggregator = c.section("aggregator");
+  o.aggregator_name = o.aggregator.get_string("name", "fedavg");
+  o.optimizer = optimizer_options(c);
+  o.optimizer_name = c.section("server_optimizer").get_string("name", "sgd");
+  return o;
+}
+
+RendezvousOptions rendezvous_options_from(const Config& c) {
+  RendezvousOptions r;
+  r.decentralized = c.section("decentralized");
+  r.model_spec = c.get_string("model.spec");
+  r.name = c.get_string("server.name").empty() ? "shard-0" : c.get_string("server.name");
+  r.listen = c.get_string("server.listen");
+  r.port_file = c.get_string("server.port_file");
+  r.tls = tls_options(c);
+  r.endpoint = shard_endpoint_options(c, r.name);
+  r.heartbeat_ms = static_cast<std::uint32_t>(c.get_int("server.heartbeat_ms"));
+  r.client_timeout = std::chrono::milliseconds(c.get_int("server.client_timeout_ms"));
+  return r;
+}
+
+}  // namespace cohort::server

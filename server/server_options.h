@@ -1,0 +1,148 @@
+// The server's options as typed structs, filled from the Config once at the edge (run() in
+// node.cc, or a unit test's fixture) by server_options_from(); the shard, its modes and the
+// coordinator take these, never the Config. Filling checks nothing: validate() (options.cc) and
+// run()'s own checks keep every start-up error where it was, and each value here is the one the
+// key held, converted as its single reader did. Internal to the server library.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cohort/core/config.h"
+#include "cohort/transport/endpoint.h"
+
+#include "mode.h"
+
+namespace cohort::server {
+
+// server.selection: how the coordinator samples a federated round's cohort.
+enum class Selection : std::uint8_t { kUniform, kWeighted };
+
+// Who this process is in the federation, and where it listens and reports.
+struct NodeOptions {
+  std::uint32_t index = 0;                      // server.shard (0 also coordinates)
+  std::uint32_t shards = 1;                     // server.shards
+  std::string name;                             // server.name, or "shard-<index>" when empty
+  std::string listen = "tcp://127.0.0.1:7000";  // server.listen
+  std::string coordinator;                      // server.coordinator (shards > 0: shard 0's url)
+  std::string advertise;                        // server.advertise (empty: the bound url)
+  std::string port_file;                        // server.port_file (empty: none)
+};
+
+// tls.*: the endpoints' security.
+struct TlsOptions {
+  bool insecure = false;                     // tls.insecure
+  std::string ca_file, cert_file, key_file;  // tls.ca_file, tls.cert_file, tls.key_file
+  std::string coordinator_name = "shard-0";  // tls.coordinator_name
+};
+
+// The endpoints' security and framing.
+struct TransportOptions {
+  TlsOptions tls;
+  std::size_t chunk_bytes = 1024 * 1024;  // transport.chunk_kib * 1024
+  std::int64_t receive_queue = 0;         // transport.receive_queue (checked by run())
+  // This node's endpoints start from these: transport's builder over tls.* and transport.*
+  // (shard_endpoint_options in options.h: transport.aead included), node id = the node's name.
+  transport::EndpointOptions endpoint;
+};
+
+struct ModelOptions {
+  std::string spec = "mlp:784-256-128-10";  // model.spec
+  std::uint64_t seed = 1;                   // model.seed: of the initial parameters
+};
+
+// The coordinator's rounds (FedBuff: steps), membership and selection.
+struct RoundOptions {
+  std::uint64_t rounds = 20;  // server.rounds (data-parallel: unused, one long task)
+  // server.clients_per_round: K, the complete updates that close a federated round; in
+  // data-parallel training the number of workers started.
+  std::size_t clients_per_round = 10;
+  double overselect = 1.0;                          // server.overselect
+  Selection selection = Selection::kUniform;        // server.selection
+  std::size_t min_clients = 1;                      // server.min_clients
+  std::size_t min_updates = 1;                      // server.min_updates, at least 1
+  std::uint64_t max_failed_rounds = 10;             // server.max_failed_rounds, at least 0
+  std::chrono::milliseconds deadline{60000};        // server.round_deadline_ms
+  std::uint64_t eval_every = 1;                     // server.eval_every, at least 0 (0: never)
+  std::uint64_t seed = 1;                           // server.seed: of client selection
+  std::uint32_t heartbeat_ms = 2000;                // server.heartbeat_ms (sent in the Welcome)
+  std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
+};
+
+struct FedBuffOptions {
+  std::size_t buffer_size = 10;     // server.buffer_size (K), at least 1
+  std::int64_t max_staleness = -1;  // server.max_staleness (< 0: no bound)
+  std::size_t concurrency = 10;     // server.concurrency, at least 1
+};
+
+// Data-parallel training (the consistency model is Modes::consistency).
+struct DataParallelOptions {
+  std::uint64_t staleness = 2;  // server.staleness (SSP's bound), at least 0
+  std::uint32_t steps = 100;    // server.steps each worker takes
+  std::size_t workers = 10;     // server.clients_per_round, at least 1: a BSP step's pushes
+};
+
+struct CheckpointOptions {
+  std::string dir;          // server.checkpoint_dir (empty: no checkpoints)
+  std::uint64_t every = 1;  // server.checkpoint_every, at least 1
+};
+
+// Client-level differential privacy (dp.*).
+struct DpOptions {
+  double clip = 0;              // dp.clip (0: off)
+  double noise_multiplier = 0;  // dp.noise_multiplier
+  double delta = 1e-5;          // dp.delta
+  std::uint64_t seed = 0;       // dp.seed (0: random)
+};
+
+// [train]: the clients' training options, forwarded to them as TOML, and the three the
+// coordinator puts into each RoundStart.
+struct TrainForward {
+  std::string toml;  // the section as "name = value" lines (the Welcome's training_toml)
+  std::uint32_t epochs = 1, steps = 0, batch_size = 64;
+};
+
+struct ServerOptions {
+  Modes modes;  // server.mode, server.consistency
+  NodeOptions node;
+  TransportOptions transport;
+  ModelOptions model;
+  RoundOptions round;
+  FedBuffOptions fedbuff;
+  DataParallelOptions dataparallel;
+  CheckpointOptions checkpoint;
+  DpOptions dp;
+  TrainForward train;
+  std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
+  // The plug-in API: the registries' factories read these sections themselves.
+  std::string aggregator_name = "fedavg";  // aggregator.name
+  ConfigSection aggregator;                // [aggregator]
+  std::string optimizer_name = "sgd";      // server_optimizer.name
+  ConfigSection optimizer;                 // [server_optimizer] as optimizer_options() gives it
+};
+
+// The options of a federated, FedBuff or data-parallel server. Throws ConfigError only as
+// parse_modes() does (server.mode = decentralized, an unknown server.consistency).
+ServerOptions server_options_from(const Config& config);
+
+// server.mode = decentralized: the rendezvous's options (rendezvous.h).
+struct RendezvousOptions {
+  // [decentralized]: parsed by aggregation::decentralized_settings_from() and sent to every
+  // peer as TOML, so it stays a section.
+  ConfigSection decentralized;
+  std::string model_spec = "mlp:784-256-128-10";    // model.spec
+  std::string name;                                 // server.name, or "shard-0" when empty
+  std::string listen = "tcp://127.0.0.1:7000";      // server.listen
+  std::string port_file;                            // server.port_file (empty: none)
+  TlsOptions tls;                                   // tls.* (coordinator_name unused)
+  transport::EndpointOptions endpoint;              // its endpoint: transport's builder, as a shard's
+  std::uint32_t heartbeat_ms = 2000;                // server.heartbeat_ms
+  std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
+};
+
+// Fills RendezvousOptions; checks nothing (validate() and run_rendezvous() do).
+RendezvousOptions rendezvous_options_from(const Config& config);
+
+}  // namespace cohort::server
