@@ -72,8 +72,9 @@ std::chrono::milliseconds ms_in_range(const Config& config, std::string_view key
 
 }  // namespace
 
-// The checks run in the order the participant always ran them, so a config with several errors
-// still names the same one first.
+// The checks run in the order the participant ran them when it read the Config itself; only the
+// device and the compressor, which the participant makes (and so checks) in its constructor,
+// now come after client.dp_clip and client.attack*.
 ParticipantOptions participant_options_from(const Config& config) {
   ParticipantOptions o;
   o.server = non_empty(config, "client.server");

@@ -1,6 +1,8 @@
 // Start-up checks of the keys every client-side program reads (private to client/): each value is
 // checked where it is first read, before any connection, so a bad option never registers a client
 // that then fails. Throws ConfigError naming the key, the allowed range and the value.
+// participant_options_from() and peer_options_from() (declared in participant.h / peer.h) are
+// defined beside these helpers: the one place each where cohort-client's Config becomes options.
 #pragma once
 
 #include <cstdint>
