@@ -50,11 +50,14 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     const std::string m = config.get_string("client.mode");
-    if (m == "decentralized") return cohort::client::run_peer(config, g_stop);
+    // The edge: the Config becomes typed, checked options here and nowhere else.
+    if (m == "decentralized") {
+      return cohort::client::run_peer(cohort::client::peer_options_from(config), g_stop);
+    }
     if (m != "federated") {
       throw cohort::ConfigError("client.mode must be federated or decentralized, got '" + m + "'");
     }
-    return cohort::client::run_participant(config, g_stop);
+    return cohort::client::run_participant(cohort::client::participant_options_from(config), g_stop);
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "cohort-client: %s\n", e.what());
     return 1;

@@ -1,8 +1,15 @@
 #include "client_options.h"
 
+#include <cmath>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
+#include "cohort/client/participant.h"
+#include "cohort/client/partition.h"
+#include "cohort/client/peer.h"
 #include "cohort/core/error.h"
 #include "cohort/transport/config.h"
 
@@ -35,10 +42,109 @@ transport::EndpointOptions coordinator_options(const Config& config) {
   return client_endpoint_options(config, non_empty(config, "tls.coordinator_name"));
 }
 
-void coordinator_refused(const Config& config, const std::string& why) {
-  throw TransportError("refused the coordinator at " + config.get_string("client.server") +
-                       ": expected '" + config.get_string("tls.coordinator_name") +
+void coordinator_refused(const std::string& server, const std::string& coordinator_name,
+                         const std::string& why) {
+  throw TransportError("refused the coordinator at " + server + ": expected '" + coordinator_name +
                        "' (tls.coordinator_name): " + why);
+}
+
+namespace {
+
+constexpr std::int64_t kMaxMs = std::int64_t{1} << 40;
+
+// "I/N" -> (I, N).
+std::pair<std::size_t, std::size_t> parse_part(const std::string& text) {
+  const auto slash = text.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no slash");
+    const auto i = std::stoul(text.substr(0, slash));
+    const auto n = std::stoul(text.substr(slash + 1));
+    if (n == 0 || i >= n) throw std::invalid_argument("out of range");
+    return {i, n};
+  } catch (const std::exception&) {
+    throw ConfigError("data.part must look like I/N with 0 <= I < N, got '" + text + "'");
+  }
+}
+
+std::chrono::milliseconds ms_in_range(const Config& config, std::string_view key, std::int64_t lo) {
+  return std::chrono::milliseconds(int_in_range(config, key, lo, kMaxMs));
+}
+
+}  // namespace
+
+// The checks run in the order the participant ran them when it read the Config itself; only the
+// device and the compressor, which the participant makes (and so checks) in its constructor,
+// now come after client.dp_clip and client.attack*.
+ParticipantOptions participant_options_from(const Config& config) {
+  ParticipantOptions o;
+  o.server = non_empty(config, "client.server");
+  o.endpoint = coordinator_options(config);  // client.name, tls.coordinator_name, tls.*, transport.*
+  o.name = config.get_string("client.name");
+  o.coordinator_name = config.get_string("tls.coordinator_name");
+  o.connect_timeout = ms_in_range(config, "client.connect_timeout_ms", 1);
+  o.backoff_max = ms_in_range(config, "client.backoff_max_ms", 1);
+  o.step_delay = ms_in_range(config, "client.step_delay_ms", 0);
+  o.data_seed = static_cast<std::uint64_t>(
+      int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max()));
+  std::tie(o.part_index, o.part_count) = parse_part(config.get_string("data.part"));
+  // cohort-client's decentralized-only keys do nothing here: refused, not ignored.
+  for (const char* key : {"peer.listen", "peer.advertise", "peer.handshake_timeout_ms"}) {
+    if (config.is_set(key)) {
+      throw ConfigError(std::string(key) + " applies to client.mode = decentralized only");
+    }
+  }
+  o.partition = parse_partition_spec(config.get_string("data.partition"));
+  o.data_dir = config.get_string("data.dir");
+  o.device = config.get_string("client.device");
+  o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
+  o.compressor = config.section("compressor");
+  o.dp_clip = config.get_double("client.dp_clip");
+  if (!(o.dp_clip >= 0) || !std::isfinite(o.dp_clip)) throw ConfigError("client.dp_clip must be >= 0");
+  const std::string& attack = config.get_string("client.attack");
+  o.attack_scale = config.get_double("client.attack_scale");
+  if (attack != "none" && attack != "sign_flip") {
+    throw ConfigError("client.attack must be none or sign_flip, got '" + attack + "'");
+  }
+  o.sign_flip = attack == "sign_flip";
+  if (!(o.attack_scale > 0) || !std::isfinite(o.attack_scale)) {
+    throw ConfigError("client.attack_scale must be > 0");
+  }
+  return o;
+}
+
+PeerOptions peer_options_from(const Config& config) {
+  PeerOptions o;
+  o.name = non_empty(config, "client.name");
+  o.server = non_empty(config, "client.server");
+  o.listen = non_empty(config, "peer.listen");
+  o.advertise = config.get_string("peer.advertise");
+  o.neighbours = client_endpoint_options(config, "");  // ZmqComm pins each neighbour's name
+  o.neighbours.handshake_timeout = ms_in_range(config, "peer.handshake_timeout_ms", 1);
+  o.coordinator = coordinator_options(config);
+  o.coordinator.handshake_timeout = o.neighbours.handshake_timeout;
+  o.coordinator_name = config.get_string("tls.coordinator_name");
+  // cohort-client's federated-only keys do nothing here: refused, not ignored.
+  for (const char* key : {"data.part", "client.dp_clip", "client.attack", "client.attack_scale",
+                          "client.backoff_max_ms"}) {
+    if (config.is_set(key)) {
+      throw ConfigError(std::string(key) + " does not apply to client.mode = decentralized");
+    }
+  }
+  if (!config.section("compressor").names().empty()) {
+    throw ConfigError(
+        "compressor.* does not apply to client.mode = decentralized (the run's compressor is "
+        "the coordinator's decentralized.compressor, for choco)");
+  }
+  o.connect_timeout = ms_in_range(config, "client.connect_timeout_ms", 1);
+  o.step_delay = ms_in_range(config, "client.step_delay_ms", 0);
+  o.data_seed = static_cast<std::uint64_t>(
+      int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max()));
+  o.partition = config.get_string("data.partition");
+  (void)parse_partition_spec(o.partition);
+  o.data_dir = config.get_string("data.dir");
+  o.device = config.get_string("client.device");
+  o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
+  return o;
 }
 
 }  // namespace cohort::client

@@ -1,9 +1,12 @@
 // Start-up checks of the keys every client-side program reads (private to client/): each value is
 // checked where it is first read, before any connection, so a bad option never registers a client
 // that then fails. Throws ConfigError naming the key, the allowed range and the value.
+// participant_options_from() and peer_options_from() (declared in participant.h / peer.h) are
+// defined beside these helpers: the one place each where cohort-client's Config becomes options.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "cohort/core/config.h"
@@ -26,8 +29,10 @@ transport::EndpointOptions client_endpoint_options(const Config& config,
 // The same for the connection to the coordinator: its certificate must name tls.coordinator_name.
 transport::EndpointOptions coordinator_options(const Config& config);
 
-// Wraps a failed handshake with the coordinator into a one-line error that names the name we
-// expected (tls.coordinator_name) and the reason the TLS layer gave (the name it presented).
-[[noreturn]] void coordinator_refused(const Config& config, const std::string& why);
+// Wraps a failed handshake with the coordinator at `server` into a one-line error that names the
+// name we expected (`coordinator_name`, tls.coordinator_name) and the reason the TLS layer gave
+// (the name it presented).
+[[noreturn]] void coordinator_refused(const std::string& server, const std::string& coordinator_name,
+                                      const std::string& why);
 
 }  // namespace cohort::client

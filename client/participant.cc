@@ -3,21 +3,24 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <deque>
-#include <limits>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/registries.h"
 #include "cohort/client/idx.h"
 #include "cohort/client/partition.h"
-#include "cohort/client/random.h"
+#include "cohort/client/push_encoding.h"
+#include "cohort/client/shard_client.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/random.h"
+#include "cohort/core/thread_pool.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
@@ -35,62 +38,14 @@ using transport::Envelope;
 using transport::Message;
 using Clock = std::chrono::steady_clock;
 
-// "I/N" -> (I, N).
-std::pair<std::size_t, std::size_t> parse_part(const std::string& text) {
-  const auto slash = text.find('/');
-  try {
-    if (slash == std::string::npos) throw std::invalid_argument("no slash");
-    const auto i = std::stoul(text.substr(0, slash));
-    const auto n = std::stoul(text.substr(slash + 1));
-    if (n == 0 || i >= n) throw std::invalid_argument("out of range");
-    return {i, n};
-  } catch (const std::exception&) {
-    throw ConfigError("data.part must look like I/N with 0 <= I < N, got '" + text + "'");
-  }
-}
-
-// The push encoding that carries a built-in wire format.
-transport::Encoding push_encoding(aggregation::WireFormat f) {
-  using aggregation::WireFormat;
-  switch (f) {
-    case WireFormat::kDenseF32: return transport::Encoding::kDenseF32;
-    case WireFormat::kFp16: return transport::Encoding::kDenseF16;
-    case WireFormat::kBf16: return transport::Encoding::kDenseBf16;
-    case WireFormat::kInt8: return transport::Encoding::kInt8;
-    case WireFormat::kQsgd: return transport::Encoding::kQsgd;
-    case WireFormat::kTopK: return transport::Encoding::kTopK;
-    case WireFormat::kRandomK: return transport::Encoding::kRandomK;
-    case WireFormat::kSign: return transport::Encoding::kSign;
-    case WireFormat::kLowRank: return transport::Encoding::kPowerSgd;
-  }
-  throw InternalError("no push encoding for wire format " + std::to_string(static_cast<int>(f)));
-}
-
 class Participant {
  public:
-  Participant(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
-    // Everything below fails before joining, so a bad option never costs a round nor leaves a
-    // dead entry in the coordinator's pool.
-    (void)non_empty(config, "client.server");
-    (void)coordinator_options(config);  // client.name, tls.coordinator_name, tls.*, transport.*
-    (void)int_in_range(config, "client.connect_timeout_ms", 1, std::int64_t{1} << 40);
-    (void)int_in_range(config, "client.backoff_max_ms", 1, std::int64_t{1} << 40);
-    (void)int_in_range(config, "client.step_delay_ms", 0, std::int64_t{1} << 40);
-    (void)int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max());
-    (void)parse_part(config.get_string("data.part"));
-    // cohort-client's decentralized-only keys do nothing here: refused, not ignored.
-    for (const char* key : {"peer.listen", "peer.advertise", "peer.handshake_timeout_ms"}) {
-      if (config.is_set(key)) {
-        throw ConfigError(std::string(key) + " applies to client.mode = decentralized only");
-      }
-    }
-    (void)parse_partition_spec(config.get_string("data.partition"));
-    // The device is made here, not after the Welcome: "cuda:0" without a GPU or "gpu7" stops the
-    // client before it registers.
-    device_ = kernels::make_device(
-        config.get_string("client.device"),
-        {.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024))});
-    const auto section = config.section("compressor");
+  // The device and the compressor are made here, before joining: "cuda:0" without a GPU, "gpu7"
+  // or a compressor shards cannot decode stops the client before it registers.
+  Participant(ParticipantOptions options, const std::atomic<bool>& stop)
+      : options_(std::move(options)), stop_(stop) {
+    device_ = kernels::make_device(options_.device, {.threads = options_.threads});
+    const auto& section = options_.compressor;
     compressor_ = builtin_registries().compressors.create(section.get_string("name", "none"), section);
     if (!aggregation::wire_format_of(compressor_->encoding())) {
       throw ConfigError("compressor '" + section.get_string("name", "none") + "' writes encoding '" +
@@ -98,25 +53,23 @@ class Participant {
     }
     // "none" (with or without error feedback, which is then the identity) pushes plain fp32.
     if (compressor_->encoding() == "none") compressor_.reset();
-    dp_clip_ = config.get_double("client.dp_clip");
-    if (!(dp_clip_ >= 0) || !std::isfinite(dp_clip_)) throw ConfigError("client.dp_clip must be >= 0");
-    attack_ = config.get_string("client.attack");
-    attack_scale_ = config.get_double("client.attack_scale");
-    if (attack_ != "none" && attack_ != "sign_flip") {
-      throw ConfigError("client.attack must be none or sign_flip, got '" + attack_ + "'");
-    }
-    if (!(attack_scale_ > 0) || !std::isfinite(attack_scale_)) {
-      throw ConfigError("client.attack_scale must be > 0");
-    }
   }
 
   int run() {
     load_data();
     ThreadPool pool(2);
     pool_ = &pool;
-    auto o = coordinator_options(config_);
+    auto o = options_.endpoint;
     o.pool = pool_;
-    coordinator_.emplace(Endpoint::connect(ctx_, config_.get_string("client.server"), o));
+    coordinator_.emplace(Endpoint::connect(ctx_, options_.server, o));
+    // Shard 0 answers over the coordinator's connection; the others get one each, which must
+    // prove the shard's node id.
+    links_.emplace(ctx_, *coordinator_, [this](const std::string& node_id) {
+      auto so = options_.endpoint;
+      so.security.expected_peer = node_id;
+      so.pool = pool_;
+      return so;
+    });
     try {
       return serve();
     } catch (const Error& e) {
@@ -133,14 +86,13 @@ class Participant {
     auto next_heartbeat = Clock::now();
     // When the session with the coordinator broke (TLS: the connection dropped), if not back yet.
     std::optional<Clock::time_point> session_lost;
-    const auto give_up_after = std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
     while (!stop_.load()) {
       if (coordinator_->is_ready()) {
         session_lost.reset();
       } else if (!session_lost) {
         session_lost = Clock::now();
-      } else if (Clock::now() - *session_lost > give_up_after) {
-        COHORT_LOG(Error) << name() << ": lost the coordinator at " << config_.get_string("client.server")
+      } else if (Clock::now() - *session_lost > options_.connect_timeout) {
+        COHORT_LOG(Error) << name() << ": lost the coordinator at " << options_.server
                           << " and could not reconnect within client.connect_timeout_ms";
         return 1;
       }
@@ -182,7 +134,7 @@ class Participant {
       // transport's handshake timeout) instead of this loop driving the reconnect.
       if (Clock::now() >= next_heartbeat && coordinator_->is_ready()) {
         Envelope hb;
-        hb.body = transport::Heartbeat{0, 0};
+        hb.body = transport::Heartbeat{.clock = 0, .load = 0};
         try {
           coordinator_->send({}, std::move(hb));
         } catch (const TransportError& e) {
@@ -194,7 +146,8 @@ class Participant {
     return 0;
   }
 
-  const std::string& name() const { return config_.get_string("client.name"); }
+  const std::string& name() const { return options_.name; }
+  const std::vector<transport::ShardInfo>& shards() const { return links_->shards(); }
 
   void report_fatal(const std::string& why) {
     if (!coordinator_ || !registered_ || !coordinator_->is_ready()) return;
@@ -202,28 +155,26 @@ class Participant {
   }
 
   void load_data() {
-    const auto [index, count] = parse_part(config_.get_string("data.part"));
-    part_index_ = index;
-    auto data = load_fashion_mnist(config_.get_string("data.dir"));
+    auto data = load_fashion_mnist(options_.data_dir);
     train_ = std::move(data.train);
     test_ = std::move(data.test);
-    const auto spec = parse_partition_spec(config_.get_string("data.partition"));
-    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
-    auto partition = make_partition(spec, train_.labels(), count, seed);
-    indices_ = std::move(partition[index]);
-    partition_text_ = spec.to_string() + " " + std::to_string(index) + "/" + std::to_string(count);
+    auto partition = make_partition(options_.partition, train_.labels(), options_.part_count,
+                                    options_.data_seed);
+    indices_ = std::move(partition[options_.part_index]);
+    partition_text_ = options_.partition.to_string() + " " + std::to_string(options_.part_index) +
+                      "/" + std::to_string(options_.part_count);
     COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples (" << partition_text_
                      << ")";
   }
 
   // Registers until welcomed; sets up the model and the shard connections.
   void join() {
-    const auto deadline = Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
-    auto backoff = 200ms;
+    const auto deadline = Clock::now() + options_.connect_timeout;
+    std::chrono::milliseconds backoff = 200ms;
     for (;;) {
       if (stop_.load()) return;
       if (Clock::now() > deadline) {
-        throw TransportError("no welcome from the coordinator at " + config_.get_string("client.server") +
+        throw TransportError("no welcome from the coordinator at " + options_.server +
                              " within client.connect_timeout_ms");
       }
       try {
@@ -232,37 +183,29 @@ class Participant {
         } catch (const TimeoutError&) {
           throw;
         } catch (const TransportError& e) {
-          coordinator_refused(config_, e.what());
+          coordinator_refused(options_.server, options_.coordinator_name, e.what());
         }
         coordinator_handshakes_ = coordinator_->stats().handshakes;
-        transport::Register r;
-        r.role = transport::Role::kClient;
-        r.dataset_size = indices_.size();
-        r.device = config_.get_string("client.device");
-        r.partition = partition_text_;
-        Envelope e;
-        e.body = r;
-        coordinator_->send({}, std::move(e));
+        std::string refusal;
+        const auto welcome = links_->register_once(
+            transport::Register{.role = transport::Role::kClient,
+                                .dataset_size = indices_.size(),
+                                .device = options_.device,
+                                .partition = partition_text_},
+            2s, [this](Message&& m) { deferred_.push_back(std::move(m)); }, &refusal);
         registered_ = true;  // a session with the real coordinator: it can hear a fatal report
-        const auto until = Clock::now() + 2s;
-        while (Clock::now() < until) {
-          auto m = coordinator_->receive(100ms);
-          if (!m) continue;
-          if (auto* w = std::get_if<transport::Welcome>(&m->envelope.body)) {
-            on_welcome(*w);
-            return;
-          }
-          if (auto* err = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
-            COHORT_LOG(Info) << name() << ": " << err->message;
-            break;
-          }
-          if (std::holds_alternative<transport::RoundStart>(m->envelope.body)) deferred_.push_back(std::move(*m));
+        if (welcome) {
+          on_welcome(*welcome);
+          return;
+        }
+        if (!refusal.empty()) {
+          COHORT_LOG(Info) << name() << ": " << refusal;
         }
       } catch (const TimeoutError& e) {
         COHORT_LOG(Info) << name() << ": coordinator not reachable yet: " << e.what();
       }
       std::this_thread::sleep_for(backoff);
-      backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::milliseconds(config_.get_int("client.backoff_max_ms")));
+      backoff = std::min(backoff * 2, options_.backoff_max);
     }
   }
 
@@ -286,121 +229,55 @@ class Participant {
       Config train_cfg(schema);
       train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
       auto section = train_cfg.section("train");
-      options_ = trainer_options_from(section);
+      options_train_ = trainer_options_from(section);
       net_ = device_->make_network(spec);
-      net_->init(static_cast<std::uint64_t>(config_.get_int("data.seed")));
-      trainer_.emplace(*net_, options_);
+      net_->init(options_.data_seed);
+      trainer_.emplace(*net_, options_train_);
       global_ = FloatBuffer(spec.parameter_count());
       delta_ = FloatBuffer(spec.parameter_count());
     }
-    const bool same_layout = w.shards.size() == shards_.size() &&
-        std::equal(w.shards.begin(), w.shards.end(), shards_.begin(), [](const auto& a, const auto& b) {
+    const auto& old = shards();
+    const bool same_layout = w.shards.size() == old.size() &&
+        std::equal(w.shards.begin(), w.shards.end(), old.begin(), [](const auto& a, const auto& b) {
           return a.begin == b.begin && a.end == b.end;
         });
-    shards_ = w.shards;
+    // Closes the old layout's endpoints and connects to the new one (shard 0: the coordinator).
+    links_->connect(w.shards);
     // One encoder per shard range, kept across rounds (and reconnects to the same layout): it holds
     // the error-feedback residuals and PowerSGD's warm start.
-    if (compressor_ && (!same_layout || encoders_.size() != shards_.size())) {
+    if (compressor_ && (!same_layout || encoders_.size() != shards().size())) {
       encoders_.clear();
-      encoded_.assign(shards_.size(), {});
-      for (const auto& s : shards_) {
+      encoded_.assign(shards().size(), {});
+      for (const auto& s : shards()) {
         encoders_.push_back(std::make_unique<aggregation::PushEncoder>(*compressor_, s.end - s.begin));
       }
     }
-    shard_eps_.clear();
-    for (const auto& s : shards_) {
-      if (s.index == 0) {
-        shard_eps_.push_back(nullptr);  // the coordinator's own connection
-        continue;
-      }
-      auto o = client_endpoint_options(config_, s.node_id);
-      o.pool = pool_;
-      shard_eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, s.url, o)));
-    }
     COHORT_LOG(Info) << name() << ": joined (" << w.model_spec << ", " << w.model_size
-                     << " parameters, " << shards_.size() << " shards)";
+                     << " parameters, " << shards().size() << " shards)";
   }
 
-  Endpoint& shard_ep(std::size_t i) { return shard_eps_[i] ? *shard_eps_[i] : *coordinator_; }
-
-  std::uint64_t bytes_sent() {
-    std::uint64_t b = coordinator_->stats().bytes_sent;
-    for (auto& e : shard_eps_) if (e) b += e->stats().bytes_sent;
-    return b;
-  }
-  std::uint64_t bytes_received() {
-    std::uint64_t b = coordinator_->stats().bytes_received;
-    for (auto& e : shard_eps_) if (e) b += e->stats().bytes_received;
-    return b;
-  }
-
-  // Sends `make(i)` to every shard and waits for each shard's answer that `accept` takes,
-  // resending to shards that stay silent (exponential backoff) until `deadline`.
-  // `patient`: the shard may hold the request on purpose (SSP/BSP), so resend only rarely.
-  template <typename Make, typename Accept>
-  bool exchange(Make make, Accept accept, Clock::time_point deadline, bool patient = false) {
-    const std::size_t n = shards_.size();
-    std::vector<bool> done(n, false);
-    std::vector<Clock::time_point> resend(n);
-    std::vector<std::chrono::milliseconds> backoff(n, patient ? 30000ms : 3000ms);
-    auto send = [&](std::size_t i) {
-      try {
-        auto [env, payload] = make(i);
-        shard_ep(i).send({}, std::move(env), payload);
-      } catch (const TransportError& e) {
-        COHORT_LOG(Info) << name() << ": shard " << i << " unreachable: " << e.what();
-      }
-      resend[i] = Clock::now() + backoff[i];
-      backoff[i] = std::min(backoff[i] * 2, 20000ms);
-    };
-    for (std::size_t i = 0; i < n; ++i) send(i);
-    while (std::count(done.begin(), done.end(), false) > 0) {
-      if (stop_.load() || Clock::now() > deadline) return false;
-      for (std::size_t i = 0; i < n; ++i) {
-        if (done[i]) continue;
-        auto m = shard_ep(i).receive(i == 0 || n == 1 ? 20ms : 5ms);
-        if (m) {
-          if (std::holds_alternative<transport::RoundStart>(m->envelope.body) ||
-              std::holds_alternative<transport::Bye>(m->envelope.body)) {
-            deferred_.push_back(std::move(*m));
-          } else if (accept(i, *m)) {
-            done[i] = true;
-          }
-        }
-        if (!done[i] && Clock::now() >= resend[i]) send(i);
-      }
-    }
-    return true;
+  // How every exchange with the shards runs: resent on the library's schedule (3 s doubling to
+  // 20 s; `patient`: 30 s for requests a shard holds on purpose), given up on stop or at
+  // `deadline`; a RoundStart or Bye that arrives meanwhile is served after the round.
+  ExchangeOptions exchange_options(Clock::time_point deadline, bool patient) {
+    return {.deadline = deadline,
+            .patient = patient,
+            .stop = &stop_,
+            .other = [this](Message&& m) { deferred_.push_back(std::move(m)); },
+            .who = name()};
   }
 
   void run_round(const transport::RoundStart& rs) {
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(rs.deadline_ms);
-    const std::uint64_t sent0 = bytes_sent(), recv0 = bytes_received();
+    const std::uint64_t sent0 = links_->bytes_sent(), recv0 = links_->bytes_received();
+    const auto xo = exchange_options(deadline, /*patient=*/false);
     transport::ClientReport report;
     report.round = rs.round;
     report.model_version = rs.model_version;
     // Pull every shard's range in parallel.
     auto params = net_->parameters();
-    const bool pulled = exchange(
-        [&](std::size_t i) {
-          Envelope e;
-          e.round = rs.round;
-          e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, rs.model_version};
-          return std::pair{std::move(e), transport::Payload{}};
-        },
-        [&](std::size_t i, Message& m) {
-          auto* r = std::get_if<transport::PullReply>(&m.envelope.body);
-          if (!r || r->shard != shards_[i].index) return false;
-          const std::size_t n = (r->end - r->begin);
-          if (r->begin != shards_[i].begin || r->end != shards_[i].end || m.payload.size() != n * 4) {
-            throw ProtocolError("shard " + std::to_string(i) + " sent a reply of the wrong shape");
-          }
-          std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
-          return true;
-        },
-        deadline);
-    if (!pulled) {
+    if (!pull_all(*links_, shards(), steady_clock(), rs.round, rs.model_version, params, xo)) {
       report.message = "could not pull the model before the deadline";
       send_report(report);
       return;
@@ -418,70 +295,70 @@ class Participant {
     std::copy(params.begin(), params.end(), global_.begin());
     // Shuffles depend on the model version and the partition, not on round ids, so the same
     // training happens under every server mode.
-    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 1000003ULL +
-                      rs.model_version * 7919ULL + part_index_;
+    const auto seed = options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
     const auto result = trainer_->train(train_, indices_, seed);
     const auto t_trained = Clock::now();
-    auto trained = net_->parameters();
-    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
-    // Client-level DP (ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
-    if (dp_clip_ > 0) (void)aggregation::clip_l2(delta_.span(), dp_clip_);
-    // For robustness experiments only: a Byzantine client pushing -scale x its honest delta.
-    if (attack_ == "sign_flip") {
-      const auto f = static_cast<float>(-attack_scale_);
-      for (auto& v : delta_.span()) v *= f;
-    }
-    // Encoded once per round, before any (re)send: encoding moves the error-feedback state.
-    if (compressor_) {
-      const auto seed = aggregation::compression_seed(
-          static_cast<std::uint64_t>(config_.get_int("data.seed")), rs.round, part_index_);
-      try {
-        for (std::size_t i = 0; i < shards_.size(); ++i) {
-          const auto& s = shards_[i];
-          encoders_[i]->encode(delta_.span().subspan(s.begin, s.end - s.begin),
-                               aggregation::compression_seed(seed, i, 0), encoded_[i]);
-        }
-      } catch (const KernelError& e) {  // a diverged client: tell the coordinator, send nothing
-        report.message = std::string("update not sent: ") + e.what();
-        send_report(report);
-        return;
-      }
+    if (auto failed = make_delta(rs.round)) {  // a diverged client: tell the coordinator, send nothing
+      report.message = *failed;
+      send_report(report);
+      return;
     }
     const auto delta_bytes = std::as_bytes(delta_.span());
-    std::vector<std::string> refusals;
-    const bool pushed = exchange(
+    const PushOutcome pushed = push_all(
+        *links_, shards(), steady_clock(),
+        {.round = rs.round,
+         .num_samples = indices_.size(),
+         .base_version = rs.model_version,
+         .encoding = transport::Encoding::kDenseF32,
+         .kind = transport::PushKind::kDelta,
+         .train_loss = static_cast<float>(result.mean_loss)},
         [&](std::size_t i) {
-          const auto& s = shards_[i];
-          Envelope e;
-          e.round = rs.round;
-          const auto encoding = compressor_ ? push_encoding(encoders_[i]->format())
-                                            : transport::Encoding::kDenseF32;
-          e.body = transport::Push{s.index, s.begin, s.end, indices_.size(),
-                                   rs.model_version, encoding,
-                                   transport::PushKind::kDelta, static_cast<float>(result.mean_loss), 0,
-                                   s.end - s.begin};
-          const auto bytes = compressor_ ? std::span<const std::byte>(encoded_[i])
-                                         : delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4);
-          return std::pair{std::move(e), transport::Payload{bytes, nullptr}};
+          const auto& s = shards()[i];
+          return compressor_ ? std::span<const std::byte>(encoded_[i])
+                             : delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4);
         },
-        [&](std::size_t, Message& m) {
-          auto* a = std::get_if<transport::PushAck>(&m.envelope.body);
-          if (!a || m.envelope.round != rs.round) return false;
-          if (!a->accepted) refusals.push_back(a->reason);
-          return true;
-        },
-        deadline);
+        xo,
+        [&](std::size_t i) {
+          return compressor_ ? push_encoding(encoders_[i]->format()) : transport::Encoding::kDenseF32;
+        });
     const auto t_pushed = Clock::now();
-    report.trained = pushed && refusals.empty();
-    if (!pushed) report.message = "could not push before the deadline";
-    if (!refusals.empty()) report.message = "a shard refused the update: " + refusals.front();
+    report.trained = pushed.accepted();
+    if (!pushed.answered) report.message = "could not push before the deadline";
+    if (!pushed.refusals.empty()) report.message = "a shard refused the update: " + pushed.refusals.front();
     report.num_samples = indices_.size();
     report.train_loss = static_cast<float>(result.mean_loss);
     report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
     report.comm_seconds = std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
-    report.bytes_sent = bytes_sent() - sent0;
-    report.bytes_received = bytes_received() - recv0;
+    report.bytes_sent = links_->bytes_sent() - sent0;
+    report.bytes_received = links_->bytes_received() - recv0;
     send_report(report);
+  }
+
+  // delta_ = trained - global_, clipped, attacked and encoded per shard as configured. Returns the
+  // report's message when the update must not be sent (the encoder found it non-finite).
+  std::optional<std::string> make_delta(std::uint64_t round) {
+    auto trained = net_->parameters();
+    for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
+    // Client-level DP (ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
+    if (options_.dp_clip > 0) (void)aggregation::clip_l2(delta_.span(), options_.dp_clip);
+    // For robustness experiments only: a Byzantine client pushing -scale x its honest delta.
+    if (options_.sign_flip) {
+      const auto f = static_cast<float>(-options_.attack_scale);
+      for (auto& v : delta_.span()) v *= f;
+    }
+    // Encoded once per round, before any (re)send: encoding moves the error-feedback state.
+    if (!compressor_) return std::nullopt;
+    const auto seed = aggregation::compression_seed(options_.data_seed, round, options_.part_index);
+    try {
+      for (std::size_t i = 0; i < shards().size(); ++i) {
+        const auto& s = shards()[i];
+        encoders_[i]->encode(delta_.span().subspan(s.begin, s.end - s.begin),
+                             aggregation::compression_seed(seed, i, 0), encoded_[i]);
+      }
+    } catch (const KernelError& e) {
+      return std::string("update not sent: ") + e.what();
+    }
+    return std::nullopt;
   }
 
   // Options that shape a federated delta have no data-parallel form: refused, not ignored.
@@ -490,12 +367,12 @@ class Participant {
       throw ConfigError(
           "compressor.* does not apply to server.mode = dataparallel (gradients go uncompressed)");
     }
-    if (dp_clip_ > 0) {
+    if (options_.dp_clip > 0) {
       throw ConfigError(
           "client.dp_clip does not apply to server.mode = dataparallel (it clips federated "
           "deltas, not gradients)");
     }
-    if (attack_ != "none") {
+    if (options_.sign_flip) {
       throw ConfigError("client.attack does not apply to server.mode = dataparallel");
     }
   }
@@ -505,33 +382,19 @@ class Participant {
   void run_dataparallel(const transport::RoundStart& rs) {
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(rs.deadline_ms);
-    const std::uint64_t sent0 = bytes_sent(), recv0 = bytes_received();
+    const std::uint64_t sent0 = links_->bytes_sent(), recv0 = links_->bytes_received();
+    const auto xo = exchange_options(deadline, /*patient=*/true);
     transport::ClientReport report;
     report.round = rs.round;
     const std::size_t batch = std::max<std::uint32_t>(rs.batch_size, 1);
-    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed")) * 7919ULL + part_index_;
-    const auto step_delay = std::chrono::milliseconds(config_.get_int("client.step_delay_ms"));
+    const auto seed = options_.data_seed * 7919ULL + options_.part_index;
     std::vector<float> x(batch * train_.feature_dim()), dlogits;
     std::vector<std::int32_t> y(batch);
     double loss_sum = 0;
     double compute_s = 0;
     auto params = net_->parameters();
     for (std::uint64_t step = 0; step < rs.local_steps; ++step) {
-      const bool pulled = exchange(
-          [&](std::size_t i) {
-            Envelope e;
-            e.round = rs.round;
-            e.body = transport::Pull{shards_[i].index, shards_[i].begin, shards_[i].end, step};
-            return std::pair{std::move(e), transport::Payload{}};
-          },
-          [&](std::size_t i, Message& m) {
-            auto* r = std::get_if<transport::PullReply>(&m.envelope.body);
-            if (!r || r->shard != shards_[i].index || m.payload.size() != (r->end - r->begin) * 4) return false;
-            std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
-            return true;
-          },
-          deadline, /*patient=*/true);
-      if (!pulled) {
+      if (!pull_all(*links_, shards(), steady_clock(), rs.round, step, params, xo)) {
         report.message = "could not pull at step " + std::to_string(step);
         break;
       }
@@ -546,77 +409,64 @@ class Participant {
       dlogits.resize(logits.size());
       loss_sum += kernels::softmax_cross_entropy(logits, y, net_->output_size(), dlogits);
       net_->backward(dlogits);
-      const auto grads = net_->gradients();
-      const auto gbytes = std::as_bytes(grads);
+      const auto gbytes = std::as_bytes(net_->gradients());
       compute_s += std::chrono::duration<double>(Clock::now() - c0).count();
       COHORT_LOG(Debug) << name() << ": clock " << step;
-      std::vector<std::string> refusals;
-      const bool pushed = exchange(
+      const PushOutcome pushed = push_all(
+          *links_, shards(), steady_clock(),
+          {.round = rs.round,
+           .num_samples = rows.size(),
+           .base_version = step,
+           .encoding = transport::Encoding::kDenseF32,
+           .kind = transport::PushKind::kGradient,
+           .train_loss = 0,
+           .clock = step},
           [&](std::size_t i) {
-            const auto& s = shards_[i];
-            Envelope e;
-            e.round = rs.round;
-            e.body = transport::Push{s.index, s.begin, s.end, rows.size(), step,
-                                     transport::Encoding::kDenseF32, transport::PushKind::kGradient,
-                                     0, step, s.end - s.begin};
-            return std::pair{std::move(e), transport::Payload{gbytes.subspan(s.begin * 4, (s.end - s.begin) * 4), nullptr}};
+            const auto& s = shards()[i];
+            return gbytes.subspan(s.begin * 4, (s.end - s.begin) * 4);
           },
-          [&](std::size_t, Message& m) {
-            auto* a = std::get_if<transport::PushAck>(&m.envelope.body);
-            if (!a || m.envelope.round != rs.round) return false;
-            if (!a->accepted) refusals.push_back(a->reason);
-            return true;
-          },
-          deadline, /*patient=*/true);
-      if (!pushed || !refusals.empty()) {
-        report.message = !pushed ? "could not push at step " + std::to_string(step)
-                                 : "gradient refused: " + refusals.front();
+          xo);
+      if (!pushed.accepted()) {
+        report.message = !pushed.answered ? "could not push at step " + std::to_string(step)
+                                          : "gradient refused: " + pushed.refusals.front();
         break;
       }
       if (step + 1 == rs.local_steps) report.trained = true;
-      if (step_delay.count() > 0) std::this_thread::sleep_for(step_delay);
+      if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
     }
     report.num_samples = rs.local_steps * batch;
     report.train_loss = rs.local_steps ? static_cast<float>(loss_sum / static_cast<double>(rs.local_steps)) : 0;
     report.train_seconds = static_cast<float>(compute_s);
     report.comm_seconds = std::chrono::duration<float>(Clock::now() - t0).count() - report.train_seconds;
-    report.bytes_sent = bytes_sent() - sent0;
-    report.bytes_received = bytes_received() - recv0;
+    report.bytes_sent = links_->bytes_sent() - sent0;
+    report.bytes_received = links_->bytes_received() - recv0;
     send_report(report);
   }
 
+  // Kept for a resend after a reconnect (the coordinator counts a report once).
   void send_report(const transport::ClientReport& r) {
     last_report_ = r;
-    Envelope e;
-    e.round = r.round;
-    e.body = r;
-    try {
-      coordinator_->send({}, std::move(e));
-    } catch (const TransportError& err) {
-      COHORT_LOG(Warn) << name() << ": report lost: " << err.what();
-    }
+    (void)links_->report(r, name());
   }
 
-  const Config& config_;
+  const ParticipantOptions options_;
   const std::atomic<bool>& stop_;
   transport::Context ctx_;
   ThreadPool* pool_ = nullptr;
   std::optional<Endpoint> coordinator_;
+  std::optional<ShardClient> links_;  // refers to ctx_ and coordinator_
   std::optional<transport::ClientReport> last_report_;
   std::uint64_t coordinator_epoch_ = 0;  // of the coordinator that last welcomed this client
   std::uint64_t coordinator_handshakes_ = 0;
   std::uint64_t current_round_ = 0;  // of the last RoundStart, for a fatal report
   bool registered_ = false;
-  std::vector<std::unique_ptr<Endpoint>> shard_eps_;
-  std::vector<transport::ShardInfo> shards_;
   std::deque<Message> deferred_;
   std::chrono::milliseconds heartbeat_{2000};
   Dataset train_, test_;
   std::vector<std::uint32_t> indices_;
   std::string partition_text_;
-  std::uint64_t part_index_ = 0;
   std::string model_spec_;
-  TrainerOptions options_;
+  TrainerOptions options_train_;
   std::unique_ptr<kernels::Device> device_;
   kernels::NetworkSpec spec_;  // outlives net_, which refers to it
   std::unique_ptr<kernels::Network> net_;
@@ -625,9 +475,6 @@ class Participant {
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
   std::vector<std::unique_ptr<aggregation::PushEncoder>> encoders_;  // per shard, refer to compressor_
   std::vector<std::vector<std::byte>> encoded_;  // per shard: this round's payload, reused
-  double dp_clip_ = 0;
-  std::string attack_;
-  double attack_scale_ = 1.0;
 };
 
 }  // namespace
@@ -673,8 +520,8 @@ std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> ind
   return {order.begin() + static_cast<std::ptrdiff_t>(pos), order.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
-int run_participant(const Config& config, const std::atomic<bool>& stop) {
-  Participant p(config, stop);
+int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop) {
+  Participant p(options, stop);
   return p.run();
 }
 

@@ -2,7 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <limits>
+#include <utility>
 #include <map>
 #include <set>
 #include <string>
@@ -31,50 +31,24 @@ using transport::Envelope;
 
 class Peer {
  public:
-  Peer(const Config& config, const std::atomic<bool>& stop) : config_(config), stop_(stop) {
-    // Every option of ours is checked here, before we bind or register: a bad one never takes a
-    // rank in the run.
-    name_ = non_empty(config, "client.name");
-    (void)non_empty(config, "client.server");
-    (void)non_empty(config, "peer.listen");
-    opts_ = client_endpoint_options(config, "");  // neighbours: ZmqComm pins each one's name
-    opts_.handshake_timeout = std::chrono::milliseconds(
-        int_in_range(config, "peer.handshake_timeout_ms", 1, std::int64_t{1} << 40));
-    coord_opts_ = coordinator_options(config);
-    coord_opts_.handshake_timeout = opts_.handshake_timeout;
-    // cohort-client's federated-only keys do nothing here: refused, not ignored.
-    for (const char* key : {"data.part", "client.dp_clip", "client.attack", "client.attack_scale",
-                            "client.backoff_max_ms"}) {
-      if (config.is_set(key)) {
-        throw ConfigError(std::string(key) + " does not apply to client.mode = decentralized");
-      }
-    }
-    if (!config.section("compressor").names().empty()) {
-      throw ConfigError(
-          "compressor.* does not apply to client.mode = decentralized (the run's compressor is "
-          "the coordinator's decentralized.compressor, for choco)");
-    }
-    (void)int_in_range(config, "client.connect_timeout_ms", 1, std::int64_t{1} << 40);
-    (void)int_in_range(config, "client.step_delay_ms", 0, std::int64_t{1} << 40);
-    (void)int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max());
-    (void)parse_partition_spec(config.get_string("data.partition"));
-    device_ = kernels::make_device(
-        config.get_string("client.device"),
-        {.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024))});
+  // The device is made here, before we bind or register: a bad one never takes a rank in the run.
+  Peer(PeerOptions options, const std::atomic<bool>& stop)
+      : options_(std::move(options)), stop_(stop), name_(options_.name) {
+    device_ = kernels::make_device(options_.device, {.threads = options_.threads});
   }
 
   int run() {
     transport::Context& ctx = ctx_;
-    comm_.emplace(ctx, 0, 1, config_.get_string("peer.listen"), opts_);
-    std::string advertise = config_.get_string("peer.advertise");
+    comm_.emplace(ctx, 0, 1, options_.listen, options_.neighbours);
+    std::string advertise = options_.advertise;
     if (advertise.empty()) advertise = comm_->url();
     coord_.emplace(
-        transport::Endpoint::connect(ctx, config_.get_string("client.server"), coord_opts_));
+        transport::Endpoint::connect(ctx, options_.server, options_.coordinator));
     COHORT_LOG(Info) << name_ << ": listening on " << comm_->url() << ", joining "
-                     << config_.get_string("client.server");
+                     << options_.server;
 
     // Loading the data takes seconds: before joining, so that heartbeats start at once after.
-    data_ = load_fashion_mnist(config_.get_string("data.dir"), /*standardize=*/true);
+    data_ = load_fashion_mnist(options_.data_dir, /*standardize=*/true);
     const transport::Welcome w = join(advertise);
     try {
       setup(w);
@@ -91,16 +65,16 @@ class Peer {
  private:
   transport::Welcome join(const std::string& advertise) {
     const auto deadline =
-        Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+        Clock::now() + options_.connect_timeout;
     auto next_register = Clock::now();
     for (;;) {
       if (stop_.load()) throw TransportError("stopped before the decentralized run started");
       if (Clock::now() > deadline) {
         throw TimeoutError("no Welcome from the coordinator " +
-                           config_.get_string("client.server") +
+                           options_.server +
                            " (is cohort-server running with server.mode = decentralized?)");
       }
-      if (Clock::now() >= next_register && (coord_->is_ready() || opts_.security.insecure)) {
+      if (Clock::now() >= next_register && (coord_->is_ready() || options_.neighbours.security.insecure)) {
         transport::Register r;
         r.role = transport::Role::kPeer;
         r.listen_url = advertise;
@@ -114,7 +88,7 @@ class Peer {
           coord_->wait_ready(200ms);
         } catch (const TimeoutError&) {
         } catch (const TransportError& e) {
-          coordinator_refused(config_, e.what());
+          coordinator_refused(options_.server, options_.coordinator_name, e.what());
         }
         comm_->pump(0ms);
         continue;
@@ -171,7 +145,7 @@ class Peer {
     lr_ = static_cast<float>(settings_.lr);
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(100, w.heartbeat_ms));
     start_ = w.current_round;
-    step_delay_ = std::chrono::milliseconds(config_.get_int("client.step_delay_ms"));
+    step_delay_ = options_.step_delay;
 
     topology_ = agg::make_topology(settings_);
     auto opt = agg::make_optimizer(settings_, agg::make_compressor(settings_));
@@ -181,9 +155,9 @@ class Peer {
     gossip_.emplace(*comm_, *topology_, go);
     apply_members(w, start_);
 
-    const auto seed = static_cast<std::uint64_t>(config_.get_int("data.seed"));
+    const auto seed = options_.data_seed;
     const std::string partition =
-        settings_.partition.empty() ? config_.get_string("data.partition") : settings_.partition;
+        settings_.partition.empty() ? options_.partition : settings_.partition;
     const auto parts =
         make_partition(parse_partition_spec(partition), data_.train.labels(), n_, seed);
     spec_ = kernels::make_network_spec(w.model_spec);
@@ -274,7 +248,7 @@ class Peer {
     std::fflush(stdout);
     // Stay until the coordinator closes the run: slower neighbours may still need our session.
     const auto deadline =
-        Clock::now() + std::chrono::milliseconds(config_.get_int("client.connect_timeout_ms"));
+        Clock::now() + options_.connect_timeout;
     auto next_report = Clock::now();
     while (!closed_ && !stop_.load() && Clock::now() < deadline) {
       if (Clock::now() >= next_report) {
@@ -289,10 +263,9 @@ class Peer {
     return 0;
   }
 
-  const Config& config_;
+  const PeerOptions options_;
   const std::atomic<bool>& stop_;
   NodeId name_;
-  transport::EndpointOptions opts_, coord_opts_;
   transport::Context ctx_;  // outlives every socket below
   std::optional<transport::ZmqComm> comm_;
   std::optional<transport::Endpoint> coord_;
@@ -327,8 +300,8 @@ void add_peer_config(ConfigSchema& schema) {
            "decentralized: first-contact handshake limit (ms, >= 1)");
 }
 
-int run_peer(const Config& config, const std::atomic<bool>& stop) {
-  Peer p(config, stop);
+int run_peer(const PeerOptions& options, const std::atomic<bool>& stop) {
+  Peer p(options, stop);
   return p.run();
 }
 

@@ -11,7 +11,7 @@
 
 namespace cohort::sim {
 
-using client::Rng;
+using cohort::Rng;
 
 namespace {
 

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cohort/client/random.h"
+#include "cohort/core/random.h"
 
 namespace cohort::sim {
 
@@ -54,7 +54,7 @@ struct Distribution {
   Kind kind = Kind::kConst;
   double a = 0.0;
   double b = 0.0;
-  [[nodiscard]] double sample(client::Rng& rng) const;
+  [[nodiscard]] double sample(Rng& rng) const;
 };
 
 // Throws ConfigError naming `key` and the valid forms; values must be positive.

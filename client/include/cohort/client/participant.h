@@ -13,22 +13,56 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "cohort/client/partition.h"
 #include "cohort/core/config.h"
+#include "cohort/transport/endpoint.h"
 
 namespace cohort::client {
 
 // Every key cohort-client accepts, with defaults and help.
 ConfigSchema participant_config_schema();
 
+// What a federated participant runs with: filled from the Config (and checked) only by
+// participant_options_from(); the participant never reads the Config.
+struct ParticipantOptions {
+  std::string server;            // client.server: the coordinator's url (shard 0)
+  std::string name;              // client.name: our node id
+  std::string coordinator_name;  // tls.coordinator_name (named when its handshake fails)
+  // The coordinator's connection (tls.*, transport.*; expected_peer = coordinator_name). A
+  // shard's connection is a copy whose expected_peer is that shard's node id.
+  transport::EndpointOptions endpoint;
+  std::string device = "cpu";  // client.device; made (and so checked) by the participant
+  std::size_t threads = 1;     // client.threads
+  std::chrono::milliseconds connect_timeout{120000};
+  std::chrono::milliseconds backoff_max{5000};
+  std::chrono::milliseconds step_delay{0};  // data-parallel straggler emulation
+  std::string data_dir;
+  PartitionSpec partition;
+  std::size_t part_index = 0;  // data.part = part_index/part_count
+  std::size_t part_count = 1;
+  std::uint64_t data_seed = 1;
+  // [compressor]: handed as is to the compressor registry (its factories check their keys).
+  ConfigSection compressor;
+  double dp_clip = 0;       // 0: off
+  bool sign_flip = false;   // client.attack = sign_flip (experiments only)
+  double attack_scale = 1;  // > 0
+};
+
+// Reads and checks every key the participant uses (ConfigError naming the key otherwise), so a bad
+// option never costs a round nor leaves a dead entry in the coordinator's pool.
+ParticipantOptions participant_options_from(const Config& config);
+
 // Runs until the coordinator says training is finished (returns 0) or `stop` becomes true.
-// Throws ConfigError / DataError for bad configuration or data before joining, TransportError
-// if the coordinator cannot be reached within client.connect_timeout_ms.
-int run_participant(const Config& config, const std::atomic<bool>& stop);
+// Throws ConfigError / DataError for a bad device, compressor or data before joining,
+// TransportError if the coordinator cannot be reached within options.connect_timeout.
+int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop);
 
 // The rows a data-parallel worker uses at `step`: epochs of `indices` shuffled by
 // Rng::for_stream(seed, epoch), cut into floor(n / batch) batches (the remainder is dropped).
