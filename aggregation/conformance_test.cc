@@ -1,4 +1,4 @@
-// Cases every registered aggregator must pass (STYLE.md section 2), run over the registry so that
+// Cases every registered aggregator must pass (docs/STYLE.md section 2), run over the registry so that
 // a new built-in is covered by registering it.
 #include <doctest/doctest.h>
 

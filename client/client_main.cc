@@ -17,13 +17,16 @@ int main(int argc, char** argv) {
   cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   cohort::ConfigSchema schema = cohort::client::participant_config_schema();
   cohort::client::add_peer_config(schema);
-  CLI::App app{"cohort-client: joins a Cohort federation, trains on its partition of\n"
-               "Fashion-MNIST each round it is selected for, and pushes its update to every shard."};
+  CLI::App app{
+      "cohort-client: joins a Cohort federation, trains on its partition of\n"
+      "Fashion-MNIST each round it is selected for, and pushes its update to every shard."};
   cohort::ConfigFlags flags;
   std::string server, data, part, device, name, mode;
   bool insecure = false;
-  app.add_option("--server", server, "url of the coordinator, e.g. tcp://host:7000 (client.server)");
-  app.add_option("--data", data, "partition spec: iid, dirichlet:0.5, shards:2, quantity:0.5 (data.partition)");
+  app.add_option("--server", server,
+                 "url of the coordinator, e.g. tcp://host:7000 (client.server)");
+  app.add_option("--data", data,
+                 "partition spec: iid, dirichlet:0.5, shards:2, quantity:0.5 (data.partition)");
   app.add_option("--part", part, "which part of the partition: I/N (data.part)");
   app.add_option("--device", device, "cpu or cuda:0 (client.device)");
   app.add_option("--name", name, "node id, the certificate's CN (client.name)");
@@ -57,7 +60,8 @@ int main(int argc, char** argv) {
     if (m != "federated") {
       throw cohort::ConfigError("client.mode must be federated or decentralized, got '" + m + "'");
     }
-    return cohort::client::run_participant(cohort::client::participant_options_from(config), g_stop);
+    return cohort::client::run_participant(cohort::client::participant_options_from(config),
+                                           g_stop);
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "cohort-client: %s\n", e.what());
     return 1;

@@ -78,7 +78,8 @@ std::chrono::milliseconds ms_in_range(const Config& config, std::string_view key
 ParticipantOptions participant_options_from(const Config& config) {
   ParticipantOptions o;
   o.server = non_empty(config, "client.server");
-  o.endpoint = coordinator_options(config);  // client.name, tls.coordinator_name, tls.*, transport.*
+  o.endpoint =
+      coordinator_options(config);  // client.name, tls.coordinator_name, tls.*, transport.*
   o.name = config.get_string("client.name");
   o.coordinator_name = config.get_string("tls.coordinator_name");
   o.connect_timeout = ms_in_range(config, "client.connect_timeout_ms", 1);
@@ -99,7 +100,8 @@ ParticipantOptions participant_options_from(const Config& config) {
   o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
   o.compressor = config.section("compressor");
   o.dp_clip = config.get_double("client.dp_clip");
-  if (!(o.dp_clip >= 0) || !std::isfinite(o.dp_clip)) throw ConfigError("client.dp_clip must be >= 0");
+  if (!(o.dp_clip >= 0) || !std::isfinite(o.dp_clip))
+    throw ConfigError("client.dp_clip must be >= 0");
   const std::string& attack = config.get_string("client.attack");
   o.attack_scale = config.get_double("client.attack_scale");
   if (attack != "none" && attack != "sign_flip") {

@@ -24,15 +24,14 @@ const std::string& non_empty(const Config& config, std::string_view key);
 // builder (transport::endpoint_options_from), checked.
 // `expected_peer` is the node id the server must prove; the coordinator's is
 // tls.coordinator_name (coordinator_options()).
-transport::EndpointOptions client_endpoint_options(const Config& config,
-                                                   std::string expected_peer);
+transport::EndpointOptions client_endpoint_options(const Config& config, std::string expected_peer);
 // The same for the connection to the coordinator: its certificate must name tls.coordinator_name.
 transport::EndpointOptions coordinator_options(const Config& config);
 
 // Wraps a failed handshake with the coordinator at `server` into a one-line error that names the
 // name we expected (`coordinator_name`, tls.coordinator_name) and the reason the TLS layer gave
 // (the name it presented).
-[[noreturn]] void coordinator_refused(const std::string& server, const std::string& coordinator_name,
-                                      const std::string& why);
+[[noreturn]] void coordinator_refused(const std::string& server,
+                                      const std::string& coordinator_name, const std::string& why);
 
 }  // namespace cohort::client

@@ -37,7 +37,6 @@ std::vector<std::string> split(const std::string& text) {
   return out;
 }
 
-
 bool takes_momentum(const std::string& a) {
   return a.starts_with("dsgdm") || a.starts_with("qg") || a == "push_sum" || a == "sgp" ||
          a == "choco" || a == "ring_allreduce";
@@ -92,7 +91,8 @@ void add_options(CLI::App& app, Options& o) {
 }
 
 // An option that none of the algorithms takes would be silently ignored: refused instead.
-void refuse_unused(const CLI::App& app, const Options& o, const std::vector<std::string>& algo_list) {
+void refuse_unused(const CLI::App& app, const Options& o,
+                   const std::vector<std::string>& algo_list) {
   auto any = [&](auto pred) { return std::any_of(algo_list.begin(), algo_list.end(), pred); };
   auto refuse_unless = [&](const char* flag, bool used) {
     if (app.count(flag) > 0 && !used) {
@@ -168,22 +168,24 @@ struct Experiment {
 };
 
 // The test accuracy of the nodes' average model (a fresh learner holding it).
-client::EvalResult evaluate_average(const Options& o, Experiment& x,
-                                    const std::vector<std::unique_ptr<client::PeerLearner>>& peers) {
+client::EvalResult evaluate_average(
+    const Options& o, Experiment& x,
+    const std::vector<std::unique_ptr<client::PeerLearner>>& peers) {
   std::vector<float> avg(x.spec.parameter_count(), 0.0f);
   for (const auto& p : peers) {
     const auto m = p->model();
     for (std::size_t k = 0; k < avg.size(); ++k) avg[k] += m[k];
   }
   for (float& v : avg) v /= static_cast<float>(o.nodes);
-  auto learner = client::PeerLearner(*x.device, x.spec, x.data.train, x.parts[0], o.batch, 0, o.seed,
-                                     x.optimizers.create("dpsgd", {}));
+  auto learner = client::PeerLearner(*x.device, x.spec, x.data.train, x.parts[0], o.batch, 0,
+                                     o.seed, x.optimizers.create("dpsgd", {}));
   std::copy(avg.begin(), avg.end(), learner.parameters().begin());
   return learner.evaluate(x.data.test);
 }
 
 // Steps [from, until) on every node, one thread each; returns each node's mean loss.
-std::vector<double> run_steps(const Options& o, std::vector<std::unique_ptr<client::PeerLearner>>& peers,
+std::vector<double> run_steps(const Options& o,
+                              std::vector<std::unique_ptr<client::PeerLearner>>& peers,
                               std::vector<std::unique_ptr<agg::Gossip>>& gossips, std::size_t from,
                               std::size_t until) {
   std::vector<double> losses(o.nodes, 0.0);
@@ -218,9 +220,9 @@ void run_algorithm(const Options& o, Experiment& x, const agg::DecentralizedSett
   InMemoryNetwork net(static_cast<Rank>(o.nodes));
   std::vector<std::unique_ptr<client::PeerLearner>> peers;
   for (std::size_t i = 0; i < o.nodes; ++i) {
-    peers.push_back(std::make_unique<client::PeerLearner>(*x.device, x.spec, x.data.train, x.parts[i],
-                                                          o.batch, o.seed * 1000003ULL + i, o.seed,
-                                                          agg::make_optimizer(settings, q)));
+    peers.push_back(std::make_unique<client::PeerLearner>(
+        *x.device, x.spec, x.data.train, x.parts[i], o.batch, o.seed * 1000003ULL + i, o.seed,
+        agg::make_optimizer(settings, q)));
   }
   std::vector<std::unique_ptr<agg::Gossip>> gossips;
   for (std::size_t i = 0; i < o.nodes; ++i) {
@@ -298,8 +300,8 @@ int main(int argc, char** argv) {
 
     Experiment x{.data = client::load_fashion_mnist(o.data_dir, /*standardize=*/true),
                  .spec = kernels::make_network_spec(o.model)};
-    x.parts = client::make_partition(client::parse_partition_spec(o.partition), x.data.train.labels(),
-                                     o.nodes, o.seed);
+    x.parts = client::make_partition(client::parse_partition_spec(o.partition),
+                                     x.data.train.labels(), o.nodes, o.seed);
     x.device = kernels::make_device("cpu", {.threads = 1});
     x.topo = agg::make_topology(all_settings.front());
     agg::add_builtin_decentralized_optimizers(x.optimizers);

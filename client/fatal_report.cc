@@ -8,8 +8,8 @@
 
 namespace cohort::client {
 
-void send_fatal_report(transport::Endpoint& coordinator, std::uint64_t round, const std::string& why,
-                       const std::string& who) {
+void send_fatal_report(transport::Endpoint& coordinator, std::uint64_t round,
+                       const std::string& why, const std::string& who) {
   using namespace std::chrono_literals;
   transport::ClientReport r;
   r.round = round;

@@ -15,7 +15,7 @@ namespace cohort::client {
 // Sends ClientReport{round, fatal = true, message = why} to `coordinator` and gives the I/O thread
 // a moment to put it on the wire (the socket closes without lingering). A send that fails is
 // logged as `who`'s warning, never thrown.
-void send_fatal_report(transport::Endpoint& coordinator, std::uint64_t round, const std::string& why,
-                       const std::string& who);
+void send_fatal_report(transport::Endpoint& coordinator, std::uint64_t round,
+                       const std::string& why, const std::string& who);
 
 }  // namespace cohort::client

@@ -26,15 +26,11 @@ constexpr unsigned kReadChunk = 1u << 20;
 std::size_t element_size(IdxType type) {
   switch (type) {
     case IdxType::kUint8:
-    case IdxType::kInt8:
-      return 1;
-    case IdxType::kInt16:
-      return 2;
+    case IdxType::kInt8: return 1;
+    case IdxType::kInt16: return 2;
     case IdxType::kInt32:
-    case IdxType::kFloat32:
-      return 4;
-    case IdxType::kFloat64:
-      return 8;
+    case IdxType::kFloat32: return 4;
+    case IdxType::kFloat64: return 8;
   }
   return 0;
 }
@@ -46,18 +42,12 @@ bool is_known_type(std::uint8_t code) {
 
 std::string type_name(IdxType type) {
   switch (type) {
-    case IdxType::kUint8:
-      return "unsigned byte";
-    case IdxType::kInt8:
-      return "signed byte";
-    case IdxType::kInt16:
-      return "int16";
-    case IdxType::kInt32:
-      return "int32";
-    case IdxType::kFloat32:
-      return "float32";
-    case IdxType::kFloat64:
-      return "float64";
+    case IdxType::kUint8: return "unsigned byte";
+    case IdxType::kInt8: return "signed byte";
+    case IdxType::kInt16: return "int16";
+    case IdxType::kInt32: return "int32";
+    case IdxType::kFloat32: return "float32";
+    case IdxType::kFloat64: return "float64";
   }
   return "unknown";
 }

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "client_options.h"
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/registries.h"
@@ -27,7 +28,6 @@
 #include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
 #include "fatal_report.h"
-#include "client_options.h"
 
 namespace cohort::client {
 namespace {
@@ -46,10 +46,12 @@ class Participant {
       : options_(std::move(options)), stop_(stop) {
     device_ = kernels::make_device(options_.device, {.threads = options_.threads});
     const auto& section = options_.compressor;
-    compressor_ = builtin_registries().compressors.create(section.get_string("name", "none"), section);
+    compressor_ =
+        builtin_registries().compressors.create(section.get_string("name", "none"), section);
     if (!aggregation::wire_format_of(compressor_->encoding())) {
-      throw ConfigError("compressor '" + section.get_string("name", "none") + "' writes encoding '" +
-                        std::string(compressor_->encoding()) + "', which shards cannot decode");
+      throw ConfigError("compressor '" + section.get_string("name", "none") +
+                        "' writes encoding '" + std::string(compressor_->encoding()) +
+                        "', which shards cannot decode");
     }
     // "none" (with or without error feedback, which is then the identity) pushes plain fp32.
     if (compressor_->encoding() == "none") compressor_.reset();
@@ -163,8 +165,8 @@ class Participant {
     indices_ = std::move(partition[options_.part_index]);
     partition_text_ = options_.partition.to_string() + " " + std::to_string(options_.part_index) +
                       "/" + std::to_string(options_.part_count);
-    COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples (" << partition_text_
-                     << ")";
+    COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples ("
+                     << partition_text_ << ")";
   }
 
   // Registers until welcomed; sets up the model and the shard connections.
@@ -179,7 +181,8 @@ class Participant {
       }
       try {
         try {
-          coordinator_->wait_ready(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
+          coordinator_->wait_ready(
+              std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
         } catch (const TimeoutError&) {
           throw;
         } catch (const TransportError& e) {
@@ -221,7 +224,8 @@ class Participant {
       const auto& spec = spec_;
       if (spec.parameter_count() != w.model_size) {
         throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
-                            " parameters, " + w.model_spec + " has " + std::to_string(spec.parameter_count()));
+                            " parameters, " + w.model_spec + " has " +
+                            std::to_string(spec.parameter_count()));
       }
       // Training options come from the server, so every client trains alike.
       ConfigSchema schema;
@@ -237,7 +241,8 @@ class Participant {
       delta_ = FloatBuffer(spec.parameter_count());
     }
     const auto& old = shards();
-    const bool same_layout = w.shards.size() == old.size() &&
+    const bool same_layout =
+        w.shards.size() == old.size() &&
         std::equal(w.shards.begin(), w.shards.end(), old.begin(), [](const auto& a, const auto& b) {
           return a.begin == b.begin && a.end == b.end;
         });
@@ -249,7 +254,8 @@ class Participant {
       encoders_.clear();
       encoded_.assign(shards().size(), {});
       for (const auto& s : shards()) {
-        encoders_.push_back(std::make_unique<aggregation::PushEncoder>(*compressor_, s.end - s.begin));
+        encoders_.push_back(
+            std::make_unique<aggregation::PushEncoder>(*compressor_, s.end - s.begin));
       }
     }
     COHORT_LOG(Info) << name() << ": joined (" << w.model_spec << ", " << w.model_size
@@ -295,10 +301,12 @@ class Participant {
     std::copy(params.begin(), params.end(), global_.begin());
     // Shuffles depend on the model version and the partition, not on round ids, so the same
     // training happens under every server mode.
-    const auto seed = options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
+    const auto seed =
+        options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
     const auto result = trainer_->train(train_, indices_, seed);
     const auto t_trained = Clock::now();
-    if (auto failed = make_delta(rs.round)) {  // a diverged client: tell the coordinator, send nothing
+    if (auto failed =
+            make_delta(rs.round)) {  // a diverged client: tell the coordinator, send nothing
       report.message = *failed;
       send_report(report);
       return;
@@ -319,16 +327,19 @@ class Participant {
         },
         xo,
         [&](std::size_t i) {
-          return compressor_ ? push_encoding(encoders_[i]->format()) : transport::Encoding::kDenseF32;
+          return compressor_ ? push_encoding(encoders_[i]->format())
+                             : transport::Encoding::kDenseF32;
         });
     const auto t_pushed = Clock::now();
     report.trained = pushed.accepted();
     if (!pushed.answered) report.message = "could not push before the deadline";
-    if (!pushed.refusals.empty()) report.message = "a shard refused the update: " + pushed.refusals.front();
+    if (!pushed.refusals.empty())
+      report.message = "a shard refused the update: " + pushed.refusals.front();
     report.num_samples = indices_.size();
     report.train_loss = static_cast<float>(result.mean_loss);
     report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
-    report.comm_seconds = std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
+    report.comm_seconds =
+        std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
     report.bytes_sent = links_->bytes_sent() - sent0;
     report.bytes_received = links_->bytes_received() - recv0;
     send_report(report);
@@ -339,7 +350,7 @@ class Participant {
   std::optional<std::string> make_delta(std::uint64_t round) {
     auto trained = net_->parameters();
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
-    // Client-level DP (ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
+    // Client-level DP (docs/ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
     if (options_.dp_clip > 0) (void)aggregation::clip_l2(delta_.span(), options_.dp_clip);
     // For robustness experiments only: a Byzantine client pushing -scale x its honest delta.
     if (options_.sign_flip) {
@@ -435,9 +446,11 @@ class Participant {
       if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
     }
     report.num_samples = rs.local_steps * batch;
-    report.train_loss = rs.local_steps ? static_cast<float>(loss_sum / static_cast<double>(rs.local_steps)) : 0;
+    report.train_loss =
+        rs.local_steps ? static_cast<float>(loss_sum / static_cast<double>(rs.local_steps)) : 0;
     report.train_seconds = static_cast<float>(compute_s);
-    report.comm_seconds = std::chrono::duration<float>(Clock::now() - t0).count() - report.train_seconds;
+    report.comm_seconds =
+        std::chrono::duration<float>(Clock::now() - t0).count() - report.train_seconds;
     report.bytes_sent = links_->bytes_sent() - sent0;
     report.bytes_received = links_->bytes_received() - recv0;
     send_report(report);
@@ -473,7 +486,8 @@ class Participant {
   std::optional<LocalTrainer> trainer_;
   FloatBuffer global_, delta_;
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
-  std::vector<std::unique_ptr<aggregation::PushEncoder>> encoders_;  // per shard, refer to compressor_
+  std::vector<std::unique_ptr<aggregation::PushEncoder>>
+      encoders_;                                 // per shard, refer to compressor_
   std::vector<std::vector<std::byte>> encoded_;  // per shard: this round's payload, reused
 };
 
@@ -484,27 +498,32 @@ ConfigSchema participant_config_schema() {
   s.add("client.server", std::string("tcp://127.0.0.1:7000"), "url of the coordinator (shard 0)")
       .add("client.name", std::string("client-0"), "node id; must be the certificate's CN")
       .add("client.device", std::string("cpu"), "cpu or cuda:N")
-      .add("client.threads", std::int64_t{1}, "CPU threads for local training (0: one per core; at most 1024)")
-      .add("client.connect_timeout_ms", std::int64_t{120000}, "give up joining (or rejoining a lost coordinator) after this long")
+      .add("client.threads", std::int64_t{1},
+           "CPU threads for local training (0: one per core; at most 1024)")
+      .add("client.connect_timeout_ms", std::int64_t{120000},
+           "give up joining (or rejoining a lost coordinator) after this long")
       .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")
-      .add("client.step_delay_ms", std::int64_t{0}, "data-parallel: sleep after each step (to emulate a straggler)")
+      .add("client.step_delay_ms", std::int64_t{0},
+           "data-parallel: sleep after each step (to emulate a straggler)")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
       .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
       .add("data.part", std::string("0/1"), "which part this client holds: I/N")
       .add("data.seed", std::int64_t{1}, "seed of the partition (equal on every client)")
-      .add("client.dp_clip", 0.0,
-           "client-level DP: clip the whole delta to this L2 norm before pushing (0: off; set it to "
-           "the server's dp.clip)")
+      .add(
+          "client.dp_clip", 0.0,
+          "client-level DP: clip the whole delta to this L2 norm before pushing (0: off; set it to "
+          "the server's dp.clip)")
       .add("client.attack", std::string("none"),
            "FOR EXPERIMENTS ONLY: none | sign_flip (push -attack_scale x the honest delta, a "
            "Byzantine client for testing robust aggregators)")
       .add("client.attack_scale", 1.0, "FOR EXPERIMENTS ONLY: the scale of client.attack")
-      .add_section("compressor",
-                   "compression of pushed deltas: name = none | fp16 | bf16 | int8 | qsgd | topk | "
-                   "randomk | sign | powersgd, with its options (k_fraction, k, s, bucket_size, norm, "
-                   "chunk, stochastic, scaled, rank, cols, error_feedback); an unknown name or "
-                   "option is an error");
-  transport::add_transport_config(s);  // tls.*, transport.*
+      .add_section(
+          "compressor",
+          "compression of pushed deltas: name = none | fp16 | bf16 | int8 | qsgd | topk | "
+          "randomk | sign | powersgd, with its options (k_fraction, k, s, bucket_size, norm, "
+          "chunk, stochastic, scaled, rank, cols, error_feedback); an unknown name or "
+          "option is an error");
+  transport::add_transport_config(s, /*listener=*/false);  // tls.*, transport.* but receive_queue
   return s;
 }
 
@@ -517,7 +536,8 @@ std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> ind
   std::vector<std::uint32_t> order(indices.begin(), indices.end());
   Rng::for_stream(seed, epoch).shuffle(std::span<std::uint32_t>(order));
   const std::size_t end = std::min(order.size(), pos + batch);
-  return {order.begin() + static_cast<std::ptrdiff_t>(pos), order.begin() + static_cast<std::ptrdiff_t>(end)};
+  return {order.begin() + static_cast<std::ptrdiff_t>(pos),
+          order.begin() + static_cast<std::ptrdiff_t>(end)};
 }
 
 int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop) {

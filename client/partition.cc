@@ -84,17 +84,14 @@ std::size_t num_classes_of(std::span<const std::int32_t> labels) {
 
 std::string PartitionSpec::to_string() const {
   switch (kind) {
-    case PartitionKind::kIid:
-      return "iid";
-    case PartitionKind::kShards:
-      return "shards:" + format_number(shards_per_client);
+    case PartitionKind::kIid: return "iid";
+    case PartitionKind::kShards: return "shards:" + format_number(shards_per_client);
     case PartitionKind::kDirichlet: {
       std::string out = "dirichlet:" + format_number(alpha);
       if (min_size != 10) out.append(":").append(std::to_string(min_size));
       return out;
     }
-    case PartitionKind::kQuantity:
-      return "quantity:" + format_number(beta);
+    case PartitionKind::kQuantity: return "quantity:" + format_number(beta);
   }
   return "?";
 }
@@ -289,9 +286,7 @@ Partition make_partition(const PartitionSpec& spec, std::span<const std::int32_t
                          std::size_t n_clients, std::uint64_t seed) {
   Partition out;
   switch (spec.kind) {
-    case PartitionKind::kIid:
-      out = partition_iid(labels.size(), n_clients, seed);
-      break;
+    case PartitionKind::kIid: out = partition_iid(labels.size(), n_clients, seed); break;
     case PartitionKind::kShards:
       out = partition_shards(labels, n_clients, static_cast<std::size_t>(spec.shards_per_client),
                              seed);

@@ -108,7 +108,7 @@ TEST_CASE("dirichlet label skew grows as alpha shrinks") {
   }
 }
 
-TEST_CASE("dirichlet at the extremes (ALGORITHMS.md section 9 tests, 10 classes x 5000)") {
+TEST_CASE("dirichlet at the extremes (docs/ALGORITHMS.md section 9 tests, 10 classes x 5000)") {
   const auto labels = balanced_labels(10, 5000);
   for (const std::size_t clients : {10u, 16u}) {
     CAPTURE(clients);

@@ -2,12 +2,13 @@
 
 #include <chrono>
 #include <cstdio>
-#include <utility>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
+#include "client_options.h"
 #include "cohort/aggregation/decentralized.h"
 #include "cohort/client/idx.h"
 #include "cohort/client/partition.h"
@@ -16,7 +17,6 @@
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
 #include "cohort/transport/zmq_comm.h"
-#include "client_options.h"
 #include "fatal_report.h"
 #include "peer_learner.h"
 
@@ -42,8 +42,7 @@ class Peer {
     comm_.emplace(ctx, 0, 1, options_.listen, options_.neighbours);
     std::string advertise = options_.advertise;
     if (advertise.empty()) advertise = comm_->url();
-    coord_.emplace(
-        transport::Endpoint::connect(ctx, options_.server, options_.coordinator));
+    coord_.emplace(transport::Endpoint::connect(ctx, options_.server, options_.coordinator));
     COHORT_LOG(Info) << name_ << ": listening on " << comm_->url() << ", joining "
                      << options_.server;
 
@@ -64,17 +63,16 @@ class Peer {
 
  private:
   transport::Welcome join(const std::string& advertise) {
-    const auto deadline =
-        Clock::now() + options_.connect_timeout;
+    const auto deadline = Clock::now() + options_.connect_timeout;
     auto next_register = Clock::now();
     for (;;) {
       if (stop_.load()) throw TransportError("stopped before the decentralized run started");
       if (Clock::now() > deadline) {
-        throw TimeoutError("no Welcome from the coordinator " +
-                           options_.server +
+        throw TimeoutError("no Welcome from the coordinator " + options_.server +
                            " (is cohort-server running with server.mode = decentralized?)");
       }
-      if (Clock::now() >= next_register && (coord_->is_ready() || options_.neighbours.security.insecure)) {
+      if (Clock::now() >= next_register &&
+          (coord_->is_ready() || options_.neighbours.security.insecure)) {
         transport::Register r;
         r.role = transport::Role::kPeer;
         r.listen_url = advertise;
@@ -140,7 +138,8 @@ class Peer {
     cfg.merge_toml("[decentralized]\n" + w.training_toml,
                    "the coordinator's [decentralized] section");
     settings_ = agg::decentralized_settings_from(
-        cfg.section("decentralized"), [](const std::string& spec) { (void)parse_partition_spec(spec); });
+        cfg.section("decentralized"),
+        [](const std::string& spec) { (void)parse_partition_spec(spec); });
     steps_ = settings_.steps;
     lr_ = static_cast<float>(settings_.lr);
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(100, w.heartbeat_ms));
@@ -164,8 +163,8 @@ class Peer {
     learner_.emplace(*device_, spec_, data_.train, parts[rank_], settings_.batch,
                      seed * 1000003ULL + rank_, seed, std::move(opt));
     COHORT_LOG(Info) << name_ << ": rank " << rank_ << " of " << n_ << ", " << settings_.algorithm
-                     << " on " << topology_->name() << ", " << learner_->samples() << " rows, steps "
-                     << start_ << ".." << steps_;
+                     << " on " << topology_->name() << ", " << learner_->samples()
+                     << " rows, steps " << start_ << ".." << steps_;
   }
 
   void report_fatal(const std::string& why) {
@@ -247,8 +246,7 @@ class Peer {
         static_cast<unsigned long long>(comm_->bytes_sent()));
     std::fflush(stdout);
     // Stay until the coordinator closes the run: slower neighbours may still need our session.
-    const auto deadline =
-        Clock::now() + options_.connect_timeout;
+    const auto deadline = Clock::now() + options_.connect_timeout;
     auto next_report = Clock::now();
     while (!closed_ && !stop_.load() && Clock::now() < deadline) {
       if (Clock::now() >= next_report) {

@@ -16,10 +16,8 @@ Envelope pull_request(const transport::ShardInfo& shard, std::uint64_t round,
                       std::uint64_t min_version) {
   Envelope e;
   e.round = round;
-  e.body = transport::Pull{.shard = shard.index,
-                           .begin = shard.begin,
-                           .end = shard.end,
-                           .min_version = min_version};
+  e.body = transport::Pull{
+      .shard = shard.index, .begin = shard.begin, .end = shard.end, .min_version = min_version};
   return e;
 }
 
@@ -44,7 +42,8 @@ const transport::PullReply* pull_reply_for(const transport::ShardInfo& shard, co
   if (r == nullptr || r->shard != shard.index) return nullptr;
   if (r->begin != shard.begin || r->end != shard.end ||
       m.payload.size() != (shard.end - shard.begin) * sizeof(float)) {
-    throw ProtocolError("shard " + std::to_string(shard.index) + " sent a reply of the wrong shape");
+    throw ProtocolError("shard " + std::to_string(shard.index) +
+                        " sent a reply of the wrong shape");
   }
   return r;
 }
@@ -55,7 +54,11 @@ const transport::PushAck* push_ack_for(std::uint64_t round, const Message& m) {
 }
 
 ResendSchedule::ResendSchedule(std::size_t shards, Duration first, Duration max)
-    : answered_(shards, false), sent_(shards, false), next_(shards), wait_(shards, first), max_(max) {}
+    : answered_(shards, false),
+      sent_(shards, false),
+      next_(shards),
+      wait_(shards, first),
+      max_(max) {}
 
 std::vector<std::size_t> ResendSchedule::due(TimePoint now) const {
   std::vector<std::size_t> out;
@@ -79,7 +82,9 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
               const AcceptAnswer& accept, const ExchangeOptions& options) {
   const std::size_t n = links.size();
   // Without resends the first wait never ends (a quarter of the clock's range: no overflow).
-  const Duration first = !options.resend ? Duration::max() / 4 : options.patient ? Duration(30s) : Duration(3s);
+  const Duration first = !options.resend   ? Duration::max() / 4
+                         : options.patient ? Duration(30s)
+                                           : Duration(3s);
   ResendSchedule schedule(n, first, std::max(first, Duration(20s)));
   auto send_due = [&] {
     for (const std::size_t i : schedule.due(clock.now())) {
@@ -120,9 +125,9 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
   }
 }
 
-bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards, const Clock& clock,
-              std::uint64_t round, std::uint64_t min_version, std::span<float> params,
-              const ExchangeOptions& options) {
+bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
+              const Clock& clock, std::uint64_t round, std::uint64_t min_version,
+              std::span<float> params, const ExchangeOptions& options) {
   return exchange(
       links, clock,
       [&](std::size_t i) {
@@ -132,7 +137,8 @@ bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards
         const auto* r = pull_reply_for(shards[i], m);
         if (r == nullptr) return false;
         if (r->end > params.size()) {
-          throw ProtocolError("shard " + std::to_string(i) + " holds parameters past the model's end");
+          throw ProtocolError("shard " + std::to_string(i) +
+                              " holds parameters past the model's end");
         }
         std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
         return true;
@@ -182,7 +188,8 @@ std::optional<transport::Welcome> ShardClient::register_once(
       if (refusal != nullptr) *refusal = err->message;
       return std::nullopt;
     }
-    if (std::holds_alternative<transport::RoundStart>(m->envelope.body) && other) other(std::move(*m));
+    if (std::holds_alternative<transport::RoundStart>(m->envelope.body) && other)
+      other(std::move(*m));
   }
   return std::nullopt;
 }

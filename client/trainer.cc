@@ -55,10 +55,8 @@ std::size_t non_negative(const ConfigSection& section, std::string_view key, std
 
 double LrSchedule::rate(double base_lr, std::size_t t, std::size_t horizon) const {
   switch (kind) {
-    case ScheduleKind::kConstant:
-      return base_lr;
-    case ScheduleKind::kStep:
-      return base_lr * std::pow(gamma, static_cast<double>(t / step_size));
+    case ScheduleKind::kConstant: return base_lr;
+    case ScheduleKind::kStep: return base_lr * std::pow(gamma, static_cast<double>(t / step_size));
     case ScheduleKind::kCosine: {
       const std::size_t total = total_steps > 0 ? total_steps : horizon;
       COHORT_CHECK(total > 0) << "cosine schedule without a horizon";
@@ -72,15 +70,9 @@ double LrSchedule::rate(double base_lr, std::size_t t, std::size_t horizon) cons
 std::string LrSchedule::to_string() const {
   std::ostringstream out;
   switch (kind) {
-    case ScheduleKind::kConstant:
-      out << "constant";
-      break;
-    case ScheduleKind::kStep:
-      out << "step:" << step_size << ':' << gamma;
-      break;
-    case ScheduleKind::kCosine:
-      out << "cosine:" << total_steps << ':' << min_lr;
-      break;
+    case ScheduleKind::kConstant: out << "constant"; break;
+    case ScheduleKind::kStep: out << "step:" << step_size << ':' << gamma; break;
+    case ScheduleKind::kCosine: out << "cosine:" << total_steps << ':' << min_lr; break;
   }
   return out.str();
 }

@@ -196,7 +196,7 @@ TEST_CASE("data that does not fit the model is a DataError") {
   CHECK_THROWS_AS((void)trainer.evaluate(data), DataError);
 }
 
-TEST_CASE("FedProx adds mu * (w - w_start) to every gradient (ALGORITHMS.md 1.12)") {
+TEST_CASE("FedProx adds mu * (w - w_start) to every gradient (docs/ALGORITHMS.md 1.12)") {
   // Full-batch plain SGD, two steps. Step 1 starts at w_start, so the proximal term is zero; step 2
   // adds mu * (w1 - w0). Rebuild that by hand through the Network API and compare.
   const Dataset data = blobs(64, 4);

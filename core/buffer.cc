@@ -60,7 +60,9 @@ struct PooledBuffer::Block {
   void* owner = nullptr;
 
   Block(std::size_t cap, std::weak_ptr<BufferPool> owner_pool)
-      : memory(static_cast<std::byte*>(aligned_bytes(cap))), capacity(cap), pool(std::move(owner_pool)) {
+      : memory(static_cast<std::byte*>(aligned_bytes(cap))),
+        capacity(cap),
+        pool(std::move(owner_pool)) {
     std::memset(memory, 0, cap);  // first touch now, not on the hot path
   }
   Block(std::byte* data, std::size_t size, ReleaseFn fn, void* who)

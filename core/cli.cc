@@ -8,7 +8,8 @@ namespace cohort {
 
 void add_config_flags(CLI::App& app, ConfigFlags& flags, const ConfigSchema& schema) {
   app.add_option("--config", flags.file, "TOML configuration file");
-  app.add_option("--set", flags.overrides, "override one key: --set section.key=value (repeatable)");
+  app.add_option("--set", flags.overrides,
+                 "override one key: --set section.key=value (repeatable)");
   app.add_flag("--print-config", flags.print_config, "print the effective configuration and exit");
   app.add_option("--log-level", flags.log_level, "trace, debug, info, warn, error or off");
   add_sched_flag(app, flags.sched, "this process");

@@ -69,8 +69,8 @@ std::optional<Value> parse_as(ValueType type, std::string_view raw) {
     }
     case ValueType::kString: {
       std::string s = text;
-      if (s.size() >= 2 && ((s.front() == '"' && s.back() == '"') ||
-                            (s.front() == '\'' && s.back() == '\''))) {
+      if (s.size() >= 2 &&
+          ((s.front() == '"' && s.back() == '"') || (s.front() == '\'' && s.back() == '\''))) {
         s = s.substr(1, s.size() - 2);
       }
       return Value{s};
@@ -102,7 +102,8 @@ std::optional<Value> coerce(ValueType want, const Value& v) {
 void flatten(const toml::table& table, const std::string& prefix, std::string_view origin,
              std::vector<std::pair<std::string, Value>>& out) {
   for (const auto& [k, node] : table) {
-    const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string key =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const auto* t = node.as_table()) {
       flatten(*t, key, origin, out);
     } else if (auto b = node.value<bool>(); node.is_boolean()) {
@@ -208,8 +209,8 @@ std::int64_t ConfigSection::get_int(std::string_view name, std::int64_t fallback
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   if (type_of(it->second) != ValueType::kInt) {
-    throw ConfigError("config key '" + prefix_ + "." + std::string(name) + "' must be an int, got " +
-                      to_string(it->second));
+    throw ConfigError("config key '" + prefix_ + "." + std::string(name) +
+                      "' must be an int, got " + to_string(it->second));
   }
   return std::get<std::int64_t>(it->second);
 }
@@ -218,16 +219,16 @@ double ConfigSection::get_double(std::string_view name, double fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   if (auto v = coerce(ValueType::kDouble, it->second)) return std::get<double>(*v);
-  throw ConfigError("config key '" + prefix_ + "." + std::string(name) + "' must be a number, got " +
-                    to_string(it->second));
+  throw ConfigError("config key '" + prefix_ + "." + std::string(name) +
+                    "' must be a number, got " + to_string(it->second));
 }
 
 bool ConfigSection::get_bool(std::string_view name, bool fallback) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
   if (type_of(it->second) != ValueType::kBool) {
-    throw ConfigError("config key '" + prefix_ + "." + std::string(name) + "' must be a bool, got " +
-                      to_string(it->second));
+    throw ConfigError("config key '" + prefix_ + "." + std::string(name) +
+                      "' must be a bool, got " + to_string(it->second));
   }
   return std::get<bool>(it->second);
 }
@@ -243,8 +244,8 @@ void ConfigSection::require_known(std::span<const std::string_view> known) const
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       std::string list;
       for (auto n : known) list += (list.empty() ? "" : ", ") + std::string(n);
-      throw ConfigError("unknown config key '" + prefix_ + "." + k + "' (known: " +
-                        (list.empty() ? "none" : list) + ")");
+      throw ConfigError("unknown config key '" + prefix_ + "." + k +
+                        "' (known: " + (list.empty() ? "none" : list) + ")");
     }
   }
 }
@@ -284,7 +285,8 @@ void Config::merge_toml(std::string_view text, std::string_view origin) {
 void Config::apply_override(std::string_view assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string_view::npos) {
-    throw ConfigError("override '" + std::string(assignment) + "' must look like section.key=value");
+    throw ConfigError("override '" + std::string(assignment) +
+                      "' must look like section.key=value");
   }
   set(trim(assignment.substr(0, eq)), assignment.substr(eq + 1));
 }

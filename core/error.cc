@@ -4,8 +4,7 @@
 
 namespace cohort::detail {
 
-void throw_check_failure(const char* expr, const char* file, int line,
-                         const std::string& message) {
+void throw_check_failure(const char* expr, const char* file, int line, const std::string& message) {
   const char* base = std::strrchr(file, '/');
   std::string text = std::string("check failed: ") + expr + " at " + (base ? base + 1 : file) +
                      ":" + std::to_string(line);

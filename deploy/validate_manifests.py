@@ -82,13 +82,14 @@ SERVER_KEYS = {
     "server.seed", "server.heartbeat_ms", "server.client_timeout_ms", "server.checkpoint_dir",
     "server.checkpoint_every", "server.metrics_file", "model.spec", "model.seed", "tls.insecure",
     "tls.ca_file", "tls.cert_file", "tls.key_file", "tls.coordinator_name", "transport.chunk_kib", "transport.receive_queue",
+    "transport.aead",
     "dp.clip", "dp.noise_multiplier", "dp.delta", "dp.seed",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",
     "client.backoff_max_ms", "client.step_delay_ms", "data.dir", "data.partition", "data.part",
     "data.seed", "tls.insecure", "tls.ca_file", "tls.cert_file", "tls.key_file", "tls.coordinator_name",
-    "transport.chunk_kib", "client.mode", "client.attack", "client.attack_scale", "client.dp_clip",
+    "transport.chunk_kib", "transport.aead", "client.mode", "client.attack", "client.attack_scale", "client.dp_clip",
     "peer.listen", "peer.advertise", "peer.handshake_timeout_ms",
 }
 # Plug-in sections (any key, checked by the plug-in at start-up).

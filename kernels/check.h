@@ -9,8 +9,7 @@
 
 namespace cohort::kernels::detail {
 
-[[noreturn]] inline void throw_size_mismatch(const char* what, std::size_t got,
-                                             std::size_t want) {
+[[noreturn]] inline void throw_size_mismatch(const char* what, std::size_t got, std::size_t want) {
   std::ostringstream out;
   out << what << ": size " << got << " does not match " << want;
   throw KernelError(out.str());

@@ -158,16 +158,16 @@ std::uint16_t float_to_fp16(float value) {
   const std::uint32_t sign = u & 0x80000000u;
   u ^= sign;
   std::uint32_t o;
-  if (u >= (127u + 16u) << 23) {                   // >= 65536: inf, or NaN -> quiet NaN
+  if (u >= (127u + 16u) << 23) {  // >= 65536: inf, or NaN -> quiet NaN
     o = u > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  } else if (u < 113u << 23) {                      // below 2^-14: subnormal or zero
+  } else if (u < 113u << 23) {  // below 2^-14: subnormal or zero
     constexpr std::uint32_t kMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
     const float f = std::bit_cast<float>(u) + std::bit_cast<float>(kMagic);
     o = std::bit_cast<std::uint32_t>(f) - kMagic;
   } else {
     const std::uint32_t mant_odd = (u >> 13) & 1u;
-    u += ((15u - 127u) << 23) + 0xfffu;             // rebias and round half up ...
-    u += mant_odd;                                  // ... to even; may carry into inf
+    u += ((15u - 127u) << 23) + 0xfffu;  // rebias and round half up ...
+    u += mant_odd;                       // ... to even; may carry into inf
     o = u >> 13;
   }
   return static_cast<std::uint16_t>(o | (sign >> 16));
@@ -179,8 +179,8 @@ float fp16_to_float(std::uint16_t bits) {
   const std::uint32_t exp = kShiftedExp & o;
   o += (127u - 15u) << 23;
   if (exp == kShiftedExp) {
-    o += (128u - 16u) << 23;                        // inf / NaN
-  } else if (exp == 0) {                            // zero / subnormal: renormalise via the FPU
+    o += (128u - 16u) << 23;  // inf / NaN
+  } else if (exp == 0) {      // zero / subnormal: renormalise via the FPU
     o += 1u << 23;
     o = std::bit_cast<std::uint32_t>(std::bit_cast<float>(o) - std::bit_cast<float>(113u << 23));
   }

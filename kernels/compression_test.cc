@@ -76,7 +76,7 @@ TEST_CASE("qsgd levels stay in [-s, s], zero input gives zero, and apply = dequa
 }
 
 TEST_CASE("qsgd is unbiased (Monte Carlo with Hoeffding and 5-sigma bounds)") {
-  // ALGORITHMS.md 7.2: N = 1e4 draws with distinct seeds, d = 1000. One draw of coordinate j spans
+  // docs/ALGORITHMS.md 7.2: N = 1e4 draws with distinct seeds, d = 1000. One draw of coordinate j spans
   // an interval of width ||v|| / s, so by Hoeffding each coordinate's sample mean lies within
   // 3.3 ||v|| / (s sqrt N) of v_j except with probability 2 exp(-2 * 3.3^2) ~ 7e-10; over 1000
   // coordinates and 3 level counts the test fails spuriously with probability < 3e-6.

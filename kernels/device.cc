@@ -80,7 +80,8 @@ std::unique_ptr<Device> make_device(std::string_view name, const DeviceOptions& 
   if (name != "cuda") {
     const std::string_view digits = name.substr(4);
     if (digits.size() < 2 || digits[0] != ':') unknown_device(name);
-    const auto [end, ec] = std::from_chars(digits.data() + 1, digits.data() + digits.size(), ordinal);
+    const auto [end, ec] =
+        std::from_chars(digits.data() + 1, digits.data() + digits.size(), ordinal);
     if (ec != std::errc() || end != digits.data() + digits.size() || ordinal < 0) {
       unknown_device(name);
     }

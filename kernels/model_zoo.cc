@@ -8,9 +8,6 @@
 namespace cohort::kernels {
 namespace {
 
-
-
-
 [[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
   throw ConfigError("model spec '" + std::string(spec) + "': " + why +
                     " (known: " + known_model_specs() + ")");

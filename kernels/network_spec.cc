@@ -2,9 +2,9 @@
 #include <cmath>
 #include <sstream>
 
+#include "check.h"
 #include "cohort/core/error.h"
 #include "cohort/kernels/network.h"
-#include "check.h"
 #include "random.h"
 
 namespace cohort::kernels {
@@ -46,9 +46,7 @@ NetworkSpec::NetworkSpec(Shape input) : input_(input) {
   if (input.size() == 0) throw KernelError("network input shape " + to_string(input) + " is empty");
 }
 
-Shape NetworkSpec::output_shape() const {
-  return layers_.empty() ? input_ : layers_.back().output;
-}
+Shape NetworkSpec::output_shape() const { return layers_.empty() ? input_ : layers_.back().output; }
 
 NetworkSpec& NetworkSpec::push(LayerSpec layer) {
   if (layer.weight_count > 0) {
@@ -66,12 +64,17 @@ NetworkSpec& NetworkSpec::linear(std::size_t in, std::size_t out) {
   const Shape input = output_shape();
   if (in == 0 || out == 0) bad_layer(layers_.size(), LayerKind::kLinear, input, "zero features");
   if (in != input.size()) {
-    bad_layer(layers_.size(), LayerKind::kLinear, input,
-              "in_features " + std::to_string(in) + " != input size " +
-                  std::to_string(input.size()));
+    bad_layer(
+        layers_.size(), LayerKind::kLinear, input,
+        "in_features " + std::to_string(in) + " != input size " + std::to_string(input.size()));
   }
-  return push({.kind = LayerKind::kLinear, .input = input, .output = {out, 1, 1}, .in = in,
-               .out = out, .weight_count = in * out, .bias_count = out});
+  return push({.kind = LayerKind::kLinear,
+               .input = input,
+               .output = {out, 1, 1},
+               .in = in,
+               .out = out,
+               .weight_count = in * out,
+               .bias_count = out});
 }
 
 NetworkSpec& NetworkSpec::relu() {
@@ -98,8 +101,14 @@ NetworkSpec& NetworkSpec::conv2d(std::size_t in_channels, std::size_t out_channe
   if (padding >= kernel) bad("padding must be smaller than the kernel");
   const Shape output{out_channels, (input.height + 2 * padding - kernel) / stride + 1,
                      (input.width + 2 * padding - kernel) / stride + 1};
-  return push({.kind = LayerKind::kConv2d, .input = input, .output = output, .in = in_channels,
-               .out = out_channels, .kernel = kernel, .stride = stride, .padding = padding,
+  return push({.kind = LayerKind::kConv2d,
+               .input = input,
+               .output = output,
+               .in = in_channels,
+               .out = out_channels,
+               .kernel = kernel,
+               .stride = stride,
+               .padding = padding,
                .weight_count = out_channels * in_channels * kernel * kernel,
                .bias_count = out_channels});
 }
@@ -107,15 +116,19 @@ NetworkSpec& NetworkSpec::conv2d(std::size_t in_channels, std::size_t out_channe
 NetworkSpec& NetworkSpec::maxpool2d(std::size_t kernel, std::size_t stride) {
   const Shape input = output_shape();
   if (stride == 0) stride = kernel;
-  if (kernel == 0) bad_layer(layers_.size(), LayerKind::kMaxPool2d, input, "kernel must be positive");
+  if (kernel == 0)
+    bad_layer(layers_.size(), LayerKind::kMaxPool2d, input, "kernel must be positive");
   if (input.height < kernel || input.width < kernel) {
     bad_layer(layers_.size(), LayerKind::kMaxPool2d, input,
               "kernel " + std::to_string(kernel) + " larger than the input");
   }
   const Shape output{input.channels, (input.height - kernel) / stride + 1,
                      (input.width - kernel) / stride + 1};
-  return push({.kind = LayerKind::kMaxPool2d, .input = input, .output = output,
-               .kernel = kernel, .stride = stride});
+  return push({.kind = LayerKind::kMaxPool2d,
+               .input = input,
+               .output = output,
+               .kernel = kernel,
+               .stride = stride});
 }
 
 NetworkSpec& NetworkSpec::flatten() {
@@ -129,8 +142,8 @@ NetworkSpec& NetworkSpec::dropout(float p) {
     bad_layer(layers_.size(), LayerKind::kDropout, input,
               "probability " + std::to_string(p) + " outside [0, 1)");
   }
-  return push({.kind = LayerKind::kDropout, .input = input, .output = input,
-               .drop_probability = p});
+  return push(
+      {.kind = LayerKind::kDropout, .input = input, .output = input, .drop_probability = p});
 }
 
 std::vector<LayerView> NetworkSpec::layer_views() const {
@@ -149,7 +162,8 @@ std::vector<LayerView> NetworkSpec::tensor_views() const {
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const LayerSpec& l = layers_[i];
     const std::string prefix = std::to_string(i) + "." + std::string(to_string(l.kind));
-    if (l.weight_count > 0) views.push_back({prefix + ".weight", i, l.weight_offset, l.weight_count});
+    if (l.weight_count > 0)
+      views.push_back({prefix + ".weight", i, l.weight_offset, l.weight_count});
     if (l.bias_count > 0) views.push_back({prefix + ".bias", i, l.bias_offset, l.bias_count});
   }
   return views;

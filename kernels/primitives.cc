@@ -99,8 +99,8 @@ void accumulate(double weight, std::span<const float> x, std::span<double> acc) 
 
 void store(std::span<const double> acc, double scale_by, std::span<float> out) {
   detail::check_size("store", acc.size(), out.size());
-  map(out) = (scale_by * ConstDoubleMap(acc.data(), static_cast<Eigen::Index>(acc.size())))
-                 .cast<float>();
+  map(out) =
+      (scale_by * ConstDoubleMap(acc.data(), static_cast<Eigen::Index>(acc.size()))).cast<float>();
 }
 
 }  // namespace cohort::kernels

@@ -15,8 +15,7 @@ namespace {
 constexpr std::size_t kBlock = 256;
 constexpr std::size_t kParallelGrain = 4096;
 
-void check_inputs(const char* what, std::span<const std::span<const float>> inputs,
-                  std::size_t d) {
+void check_inputs(const char* what, std::span<const std::span<const float>> inputs, std::size_t d) {
   if (inputs.empty()) throw KernelError(std::string(what) + ": no inputs");
   for (const auto& in : inputs) detail::check_size(what, in.size(), d);
 }
@@ -27,17 +26,19 @@ template <typename Reduce>
 void for_each_coordinate(std::span<const std::span<const float>> inputs, std::span<float> out,
                          ThreadPool* pool, Reduce reduce) {
   const std::size_t m = inputs.size();
-  detail::parallel_ranges(pool, out.size(), kParallelGrain, [&](std::size_t begin, std::size_t end) {
-    std::vector<float> scratch(m * kBlock);
-    for (std::size_t b = begin; b < end; b += kBlock) {
-      const std::size_t len = std::min(kBlock, end - b);
-      for (std::size_t k = 0; k < m; ++k) {
-        const float* src = inputs[k].data() + b;
-        for (std::size_t j = 0; j < len; ++j) scratch[j * m + k] = src[j];
-      }
-      for (std::size_t j = 0; j < len; ++j) out[b + j] = reduce(scratch.data() + j * m, m);
-    }
-  });
+  detail::parallel_ranges(pool, out.size(), kParallelGrain,
+                          [&](std::size_t begin, std::size_t end) {
+                            std::vector<float> scratch(m * kBlock);
+                            for (std::size_t b = begin; b < end; b += kBlock) {
+                              const std::size_t len = std::min(kBlock, end - b);
+                              for (std::size_t k = 0; k < m; ++k) {
+                                const float* src = inputs[k].data() + b;
+                                for (std::size_t j = 0; j < len; ++j) scratch[j * m + k] = src[j];
+                              }
+                              for (std::size_t j = 0; j < len; ++j)
+                                out[b + j] = reduce(scratch.data() + j * m, m);
+                            }
+                          });
 }
 
 }  // namespace
@@ -59,14 +60,14 @@ void trimmed_mean(std::span<const std::span<const float>> inputs, std::size_t tr
   check_inputs("trimmed_mean", inputs, out.size());
   const std::size_t m = inputs.size();
   if (2 * trim >= m) {
-    throw KernelError("trimmed_mean: trimming " + std::to_string(trim) + " per side leaves none of " +
-                      std::to_string(m) + " inputs");
+    throw KernelError("trimmed_mean: trimming " + std::to_string(trim) +
+                      " per side leaves none of " + std::to_string(m) + " inputs");
   }
   const double inv_kept = 1.0 / static_cast<double>(m - 2 * trim);
   for_each_coordinate(inputs, out, pool, [trim, inv_kept](float* v, std::size_t n) {
     if (trim > 0) {
-      std::nth_element(v, v + trim, v + n);                  // [0, trim) are the smallest
-      std::nth_element(v + trim, v + (n - trim), v + n);     // [n - trim, n) the largest
+      std::nth_element(v, v + trim, v + n);               // [0, trim) are the smallest
+      std::nth_element(v + trim, v + (n - trim), v + n);  // [n - trim, n) the largest
     }
     double sum = 0.0;
     for (std::size_t i = trim; i < n - trim; ++i) sum += v[i];

@@ -11,8 +11,8 @@
 
 namespace cohort::server {
 
-// Data-parallel consistency (ALGORITHMS.md section 3): bulk-synchronous, asynchronous, or stale
-// synchronous with bound server.staleness.
+// Data-parallel consistency (docs/ALGORITHMS.md section 3): bulk-synchronous, asynchronous, or
+// stale synchronous with bound server.staleness.
 enum class Consistency : std::uint8_t { kBsp, kAsp, kSsp };
 
 struct Modes {

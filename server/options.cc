@@ -69,8 +69,9 @@ std::string minimum_formula(const std::string& rule) {
 void validate(const Config& config, const Registries& registries) {
   const std::string mode = config.get_string("server.mode");
   if (mode != kFederated && mode != kFedBuff && mode != kDataParallel && mode != kDecentralized) {
-    throw ConfigError("server.mode must be federated, fedbuff, dataparallel or decentralized, got '" +
-                      mode + "'");
+    throw ConfigError(
+        "server.mode must be federated, fedbuff, dataparallel or decentralized, got '" + mode +
+        "'");
   }
   for (const auto& [key, modes] : kModeKeys) {
     if (std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
@@ -94,9 +95,10 @@ void validate(const Config& config, const Registries& registries) {
   const auto train = config.section("train");
   for (const char* key : {"device", "threads"}) {
     if (train.has(key)) {
-      throw ConfigError(std::string("train.") + key + " is not a server option: each client picks its " +
-                        (std::string(key) == "device" ? "device with cohort-client --device (client.device)"
-                                                      : "threads with client.threads"));
+      throw ConfigError(
+          std::string("train.") + key + " is not a server option: each client picks its " +
+          (std::string(key) == "device" ? "device with cohort-client --device (client.device)"
+                                        : "threads with client.threads"));
     }
   }
   try {
@@ -110,7 +112,8 @@ void validate(const Config& config, const Registries& registries) {
   const std::string rule = rule_options.get_string("name", "fedavg");
   const auto aggregator = registries.aggregators.create(rule, rule_options);
   if (mode != kFederated) return;
-  const auto cohort = static_cast<std::size_t>(std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
+  const auto cohort = static_cast<std::size_t>(
+      std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
   if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
   const std::int64_t min_updates = config.get_int("server.min_updates");
   if (min_updates > static_cast<std::int64_t>(cohort)) {
@@ -162,64 +165,78 @@ ConfigSection optimizer_options(const Config& config) {
   return lr ? section.with("lr", *lr) : section;
 }
 
-
 ConfigSchema config_schema() {
   const Registries builtins = builtin_registries();
   ConfigSchema s;
   s.add("server.shard", std::int64_t{0}, "this shard's index (0 also coordinates)")
       .add("server.shards", std::int64_t{1}, "number of shards")
-      .add("server.listen", std::string("tcp://127.0.0.1:7000"), "url to bind (tcp://HOST:* picks a port)")
+      .add("server.listen", std::string("tcp://127.0.0.1:7000"),
+           "url to bind (tcp://HOST:* picks a port)")
       .add("server.coordinator", std::string(""), "shards > 0: url of shard 0")
-      .add("server.advertise", std::string(""), "url clients use to reach this shard (default: the bound url)")
-      .add("server.name", std::string(""), "node id (default shard-<index>); must be the certificate CN")
+      .add("server.advertise", std::string(""),
+           "url clients use to reach this shard (default: the bound url)")
+      .add("server.name", std::string(""),
+           "node id (default shard-<index>); must be the certificate CN")
       .add("server.port_file", std::string(""), "write the bound port to this file")
-      .add("server.mode", std::string("federated"), "federated | fedbuff | dataparallel | decentralized (rendezvous only)")
+      .add("server.mode", std::string("federated"),
+           "federated | fedbuff | dataparallel | decentralized (rendezvous only)")
       .add("server.rounds", std::int64_t{20}, "federated rounds to run (fedbuff: server steps)")
       .add("server.consistency", std::string("bsp"), "dataparallel: bsp | asp | ssp")
-      .add("server.staleness", std::int64_t{2}, "dataparallel ssp: how many clocks a worker may run ahead")
+      .add("server.staleness", std::int64_t{2},
+           "dataparallel ssp: how many clocks a worker may run ahead")
       .add("server.steps", std::int64_t{100}, "dataparallel: steps each worker takes")
       .add("server.buffer_size", std::int64_t{10}, "fedbuff: K, updates per server step")
-      .add("server.max_staleness", std::int64_t{-1}, "fedbuff: refuse updates staler than this (-1: no bound)")
+      .add("server.max_staleness", std::int64_t{-1},
+           "fedbuff: refuse updates staler than this (-1: no bound)")
       .add("server.concurrency", std::int64_t{10}, "fedbuff: clients training at once")
       .add("server.clients_per_round", std::int64_t{10}, "K: complete updates that close a round")
       .add("server.overselect", 1.0, "select ceil(K * overselect) clients to absorb stragglers")
       .add("server.min_clients", std::int64_t{1}, "registered clients needed before a round starts")
-      .add("server.min_updates", std::int64_t{1}, "complete updates needed to commit a round at its deadline")
+      .add("server.min_updates", std::int64_t{1},
+           "complete updates needed to commit a round at its deadline")
       .add("server.max_failed_rounds", std::int64_t{10},
            "rounds in a row without server.min_updates complete updates before the coordinator "
            "stops with an error (0: retry for ever)")
-      .add("server.selection", std::string("uniform"), "federated: uniform | weighted (by data size)")
+      .add("server.selection", std::string("uniform"),
+           "federated: uniform | weighted (by data size)")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
-      .add("server.eval_every", std::int64_t{1}, "evaluate on the test set every R rounds (0: never)")
+      .add("server.eval_every", std::int64_t{1},
+           "evaluate on the test set every R rounds (0: never)")
       .add("server.seed", std::int64_t{1}, "seed of client selection")
       .add("server.heartbeat_ms", std::int64_t{2000}, "client heartbeat interval")
-      .add("server.client_timeout_ms", std::int64_t{60000}, "a silent client leaves the pool after this")
+      .add("server.client_timeout_ms", std::int64_t{60000},
+           "a silent client leaves the pool after this")
       .add("server.checkpoint_dir", std::string(""), "write checkpoints here (empty: none)")
       .add("server.checkpoint_every", std::int64_t{1}, "checkpoint every R committed rounds")
       .add("server.metrics_file", std::string("metrics.jsonl"), "JSON-lines metrics (shard 0)")
-      .add("model.spec", std::string("mlp:784-256-128-10"), "model: mlp:W0-...-Wn, cnn:lenet5, cnn:2conv, cnn:cifar")
+      .add("model.spec", std::string("mlp:784-256-128-10"),
+           "model: mlp:W0-...-Wn, cnn:lenet5, cnn:2conv, cnn:cifar")
       .add("model.seed", std::int64_t{1}, "seed of the initial model");
-  transport::add_transport_config(s);  // tls.*, transport.*
-  s.add_section("decentralized", "server.mode = decentralized only, checked at start-up and sent to every peer: "
-                                "peers = 4, topology = ring, topology_options.* (degree, seed, ...), "
-                                "algorithm = dpsgd, steps, lr, batch, partition, gossip_timeout_ms, "
-                                "staleness, the algorithm's own options (momentum, nesterov, mu, "
-                                "gamma, weight_decay, overlap, seed), compressor and "
-                                "compressor_options.* (choco only), allreduce = ring | "
-                                "recursive_doubling | auto (ring_allreduce only)")
-      .add_section("train", "client-side training options sent to clients and checked at start-up: "
-                            "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "
-                            "weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu, "
-                            "reset_optimizer_state, eval_batch_size (each client picks its own "
-                            "device and threads: cohort-client --device, client.threads)")
-      .add_section("aggregator", "federated only: the aggregation rule, name = " +
-                                     builtins.aggregators.names() +
-                                     " or a plug-in's, and its options (f, beta, ...)")
-      .add_section("server_optimizer", "how a shard applies each aggregate (data-parallel: each "
-                                       "gradient): name = " + builtins.server_optimizers.names() +
-                                       ", and its options (lr, momentum, beta1, beta2, tau); without lr "
-                                       "each takes its own default, in data-parallel mode its "
-                                       "gradient rate")
+  transport::add_transport_config(s, /*listener=*/true);  // tls.*, transport.*
+  s.add_section("decentralized",
+                "server.mode = decentralized only, checked at start-up and sent to every peer: "
+                "peers = 4, topology = ring, topology_options.* (degree, seed, ...), "
+                "algorithm = dpsgd, steps, lr, batch, partition, gossip_timeout_ms, "
+                "staleness, the algorithm's own options (momentum, nesterov, mu, "
+                "gamma, weight_decay, overlap, seed), compressor and "
+                "compressor_options.* (choco only), allreduce = ring | "
+                "recursive_doubling | auto (ring_allreduce only)")
+      .add_section("train",
+                   "client-side training options sent to clients and checked at start-up: "
+                   "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "
+                   "weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu, "
+                   "reset_optimizer_state, eval_batch_size (each client picks its own "
+                   "device and threads: cohort-client --device, client.threads)")
+      .add_section("aggregator",
+                   "federated only: the aggregation rule, name = " + builtins.aggregators.names() +
+                       " or a plug-in's, and its options (f, beta, ...)")
+      .add_section("server_optimizer",
+                   "how a shard applies each aggregate (data-parallel: each "
+                   "gradient): name = " +
+                       builtins.server_optimizers.names() +
+                       ", and its options (lr, momentum, beta1, beta2, tau); without lr "
+                       "each takes its own default, in data-parallel mode its "
+                       "gradient rate")
       .add("dp.clip", 0.0,
            "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
            "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
@@ -227,8 +244,9 @@ ConfigSchema config_schema() {
            "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
            "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
       .add("dp.delta", 1e-5, "client-level DP: the delta of the reported (epsilon, delta)")
-      .add("dp.seed", std::int64_t{0},
-           "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
+      .add(
+          "dp.seed", std::int64_t{0},
+          "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
   return s;
 }
 

@@ -18,12 +18,13 @@ extern "C" void on_signal(int) { g_stop.store(true); }
 int main(int argc, char** argv) {
   cohort::transport::tune_allocator_for_large_messages();  // large frames: see its header
   const cohort::ConfigSchema schema = cohort::server::config_schema();
-  CLI::App app{"cohort-server: a parameter-server shard of a Cohort federation. Shard 0 also runs\n"
-               "the coordinator (membership, rounds, deadlines, evaluation, metrics.jsonl).\n"
-               "TLS is on by default: give tls.ca_file, tls.cert_file and tls.key_file (make them\n"
-               "with cohort-keygen), or --insecure for plaintext. Rules not built in come from\n"
-               "--plugin FILE.so (see cohort/aggregation/plugin.h) and are picked by name like\n"
-               "the built-ins, e.g. --aggregator.name=my_rule."};
+  CLI::App app{
+      "cohort-server: a parameter-server shard of a Cohort federation. Shard 0 also runs\n"
+      "the coordinator (membership, rounds, deadlines, evaluation, metrics.jsonl).\n"
+      "TLS is on by default: give tls.ca_file, tls.cert_file and tls.key_file (make them\n"
+      "with cohort-keygen), or --insecure for plaintext. Rules not built in come from\n"
+      "--plugin FILE.so (see cohort/aggregation/plugin.h) and are picked by name like\n"
+      "the built-ins, e.g. --aggregator.name=my_rule."};
   cohort::ConfigFlags flags;
   std::vector<std::string> plugins;
   std::string shard, shards, listen, coordinator, port_file, name;

@@ -132,13 +132,13 @@ struct RendezvousOptions {
   // [decentralized]: parsed by aggregation::decentralized_settings_from() and sent to every
   // peer as TOML, so it stays a section.
   ConfigSection decentralized;
-  std::string model_spec = "mlp:784-256-128-10";    // model.spec
-  std::string name;                                 // server.name, or "shard-0" when empty
-  std::string listen = "tcp://127.0.0.1:7000";      // server.listen
-  std::string port_file;                            // server.port_file (empty: none)
-  TlsOptions tls;                                   // tls.* (coordinator_name unused)
-  transport::EndpointOptions endpoint;              // its endpoint: transport's builder, as a shard's
-  std::uint32_t heartbeat_ms = 2000;                // server.heartbeat_ms
+  std::string model_spec = "mlp:784-256-128-10";  // model.spec
+  std::string name;                               // server.name, or "shard-0" when empty
+  std::string listen = "tcp://127.0.0.1:7000";    // server.listen
+  std::string port_file;                          // server.port_file (empty: none)
+  TlsOptions tls;                                 // tls.* (coordinator_name unused)
+  transport::EndpointOptions endpoint;            // its endpoint: transport's builder, as a shard's
+  std::uint32_t heartbeat_ms = 2000;              // server.heartbeat_ms
   std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
 };
 

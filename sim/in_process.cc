@@ -28,14 +28,10 @@ Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t 
     if (set_by_sim(o.key) || !sim.is_set(o.key)) continue;
     c.set_value(o.key, [&]() -> Value {
       switch (o.type) {
-        case ValueType::kBool:
-          return sim.get_bool(o.key);
-        case ValueType::kInt:
-          return sim.get_int(o.key);
-        case ValueType::kDouble:
-          return sim.get_double(o.key);
-        case ValueType::kString:
-          return sim.get_string(o.key);
+        case ValueType::kBool: return sim.get_bool(o.key);
+        case ValueType::kInt: return sim.get_int(o.key);
+        case ValueType::kDouble: return sim.get_double(o.key);
+        case ValueType::kString: return sim.get_string(o.key);
       }
       return sim.get_string(o.key);
     }());

@@ -23,7 +23,7 @@ using client::trainer_options_from;
 bool set_by_sim(std::string_view key) {
   for (std::string_view k :
        {"server.shard", "server.listen", "server.coordinator", "server.advertise", "server.name",
-        "server.port_file", "server.min_clients", "server.client_timeout_ms"}) {
+        "server.port_file", "server.min_clients", "server.client_timeout_ms", "transport.aead"}) {
     if (key == k) return true;
   }
   return key.rfind("tls.", 0) == 0;

@@ -15,7 +15,7 @@
 namespace cohort::sim {
 
 // Whether cohort-sim sets server key `key` itself for its shards (server.shard, server.listen,
-// ..., tls.*): such keys are not in its schema.
+// ..., tls.*, transport.aead: its endpoints are in-process): such keys are not in its schema.
 bool set_by_sim(std::string_view key);
 
 // Which runner the options are for: each checks what it needs, and only that (--processes has no

@@ -77,18 +77,10 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
     if (set_by_sim(o.key) || o.key == "server.shards" || !config.is_set(o.key)) continue;
     Value v;
     switch (o.type) {
-      case ValueType::kBool:
-        v = config.get_bool(o.key);
-        break;
-      case ValueType::kInt:
-        v = config.get_int(o.key);
-        break;
-      case ValueType::kDouble:
-        v = config.get_double(o.key);
-        break;
-      case ValueType::kString:
-        v = config.get_string(o.key);
-        break;
+      case ValueType::kBool: v = config.get_bool(o.key); break;
+      case ValueType::kInt: v = config.get_int(o.key); break;
+      case ValueType::kDouble: v = config.get_double(o.key); break;
+      case ValueType::kString: v = config.get_string(o.key); break;
     }
     out << o.key << " = " << toml_value(v) << '\n';
   }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cohort/core/metrics.h"
+#include "cohort/core/units.h"
 #include "options.h"
 
 namespace cohort::sim {
@@ -20,8 +21,6 @@ inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// "1.23 GB", "4.5 MB", "678 kB".
-std::string human_bytes(double bytes);
 // "1.5d", "2.0h", "3.4m", "5.6s".
 std::string human_duration(double seconds);
 

@@ -55,12 +55,9 @@ double hashed_uniform(std::uint64_t seed, std::uint64_t client, std::uint64_t ro
 
 double Distribution::sample(Rng& rng) const {
   switch (kind) {
-    case Kind::kConst:
-      return a;
-    case Kind::kUniform:
-      return a + (b - a) * rng.uniform();
-    case Kind::kLogNormal:
-      return a * std::exp(b * rng.normal());
+    case Kind::kConst: return a;
+    case Kind::kUniform: return a + (b - a) * rng.uniform();
+    case Kind::kLogNormal: return a * std::exp(b * rng.normal());
   }
   return a;
 }

@@ -31,7 +31,7 @@ security::AeadBackend detail::aead_backend(Aead aead) {
   return security::AeadBackend::kAuto;
 }
 
-void add_transport_config(ConfigSchema& schema) {
+void add_transport_config(ConfigSchema& schema, bool listener) {
   schema.add("tls.insecure", false, "plaintext transport (logged as a warning)")
       .add("tls.ca_file", std::string(""), "CA certificate (PEM)")
       .add("tls.cert_file", std::string(""), "this node's certificate (PEM, CN = node id)")
@@ -41,12 +41,14 @@ void add_transport_config(ConfigSchema& schema) {
            "certificate, even one from our CA; shard 0's server.name must equal it")
       .add("transport.chunk_kib", std::int64_t{1024},
            "chunk size of large messages in KiB (4 to 65536)")
-      .add("transport.receive_queue", std::int64_t{0},
-           "chunks queued per peer before TCP pushes back (0: automatic; a shard queues 1 in "
-           "plaintext, under TLS 2 while at most 8 clients are connected, then 1)")
       .add("transport.aead", std::string("auto"),
            "AES-256-GCM implementation of sealed records: auto (ipsec-mb where built in and the "
            "CPU has AES-NI, else OpenSSL) | ipsec-mb | openssl; peers may differ");
+  if (listener) {
+    schema.add("transport.receive_queue", std::int64_t{0},
+               "chunks queued per peer before TCP pushes back (0: automatic; a shard queues 1 in "
+               "plaintext, under TLS 2 while at most 8 clients are connected, then 1)");
+  }
 }
 
 Aead parse_aead(std::string_view name) {
@@ -67,11 +69,8 @@ EndpointOptions endpoint_options_from(const Config& config, NodeId node_id) {
   o.security.aead = parse_aead(config.get_string("transport.aead"));
   // Asked for ipsec-mb where it cannot run: refused now, not at the first handshake.
   (void)security::FrameCipher::backend(detail::aead_backend(o.security.aead));
-  o.chunk_bytes = static_cast<std::size_t>(int_in_range(config, "transport.chunk_kib", 4, 65536)) *
-                  1024;
-  // Checked here for every program; applied by the one that listens (a shard), whose automatic
-  // choice depends on how it is used.
-  (void)int_in_range(config, "transport.receive_queue", 0, 65536);
+  o.chunk_bytes =
+      static_cast<std::size_t>(int_in_range(config, "transport.chunk_kib", 4, 65536)) * 1024;
   return o;
 }
 

@@ -35,7 +35,10 @@ void copy_streaming(std::byte* dst, const std::byte* src, std::size_t n) {
 void CryptoJob::run() noexcept {
   try {
     switch (op) {
-      case Op::kSeal: cipher->seal(counter, 1, aad, in, out); ok = true; break;
+      case Op::kSeal:
+        cipher->seal(counter, 1, aad, in, out);
+        ok = true;
+        break;
       case Op::kOpen: ok = cipher->open(counter, 1, aad, in, out); break;
       case Op::kOpenInPlace: ok = cipher->open_in_place(counter, 1, aad, out); break;
       case Op::kCopy:

@@ -47,10 +47,10 @@ struct CryptoJob {
   std::span<const std::byte> aad;
   std::span<const std::byte> in;
   std::span<std::byte> out;
-  bool streaming = false;    // kCopy into a reassembly buffer: see copy_streaming()
+  bool streaming = false;  // kCopy into a reassembly buffer: see copy_streaming()
   std::atomic<bool> claimed{false};
-  bool ok = false;           // written by the claimant; read after finish()
-  std::future<void> done;    // valid when submitted to the pool
+  bool ok = false;         // written by the claimant; read after finish()
+  std::future<void> done;  // valid when submitted to the pool
 
   // Runs the job; called by its claimant only. A failure (or an exception) leaves ok false.
   void run() noexcept;

@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "aead.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/core/scheduling.h"
-#include "aead.h"
 #include "endpoint_impl.h"
 
 namespace cohort::transport {
@@ -104,8 +104,8 @@ void Endpoint::Impl::sweep() {
         ++t;
       }
     }
-    const bool stale_handshake = s.state == Session::State::kHandshaking &&
-                                 now - s.started > options.handshake_timeout;
+    const bool stale_handshake =
+        s.state == Session::State::kHandshaking && now - s.started > options.handshake_timeout;
     const bool idle = now - s.last_seen > kSessionIdleTimeout;
     if (is_router && (stale_handshake || idle)) {
       it = sessions.erase(it);
@@ -215,8 +215,9 @@ std::unique_ptr<Endpoint::Impl> make_impl(const std::string& url, EndpointOption
   if (impl->secure) {
     if (options.security.ca_file.empty() || options.security.cert_file.empty() ||
         options.security.key_file.empty()) {
-      throw ConfigError("TLS is on by default: set tls.ca_file, tls.cert_file and tls.key_file "
-                        "(make them with cohort-keygen), or pass --insecure for plaintext");
+      throw ConfigError(
+          "TLS is on by default: set tls.ca_file, tls.cert_file and tls.key_file "
+          "(make them with cohort-keygen), or pass --insecure for plaintext");
     }
     impl->aead = detail::aead_backend(options.security.aead);
     (void)sec::FrameCipher::backend(impl->aead);  // ConfigError if it cannot run here
@@ -370,7 +371,8 @@ bool Endpoint::is_ready() const { return impl_->is_ready(); }
 std::optional<NodeId> Endpoint::peer_id(const PeerHandle& peer) const {
   const bool mux = impl_->is_router && impl_->options.multiplex;
   auto it = impl_->sessions.find(mux ? split_handle(peer).first : peer);
-  if (it == impl_->sessions.end() || it->second.state != Session::State::kReady) return std::nullopt;
+  if (it == impl_->sessions.end() || it->second.state != Session::State::kReady)
+    return std::nullopt;
   if (mux) return split_handle(peer).second;
   return it->second.peer_id;
 }

@@ -43,7 +43,8 @@ struct Transfer {
   PooledBuffer buffer;  // whole payload, when reassembling
   std::uint32_t next_index = 1;
   std::uint32_t count = 0;
-  Clock::time_point last_active;  // its head or latest chunk arrived (transfer_timeout counts from here)
+  Clock::time_point
+      last_active;  // its head or latest chunk arrived (transfer_timeout counts from here)
 };
 
 struct Session {
@@ -67,10 +68,10 @@ struct Session {
 // One record being sealed on the pool while earlier ones go out.
 struct PendingRecord {
   std::array<std::byte, kRecordHeaderBytes> header{};
-  std::vector<std::byte> envelope;        // plaintext: the bulk frame's AAD
+  std::vector<std::byte> envelope;  // plaintext: the bulk frame's AAD
   std::vector<std::byte> sealed_envelope;
   PooledBuffer bulk;
-  std::shared_ptr<CryptoJob> seal;        // null without a bulk frame
+  std::shared_ptr<CryptoJob> seal;  // null without a bulk frame
 };
 
 // A received data record whose bulk frame is being opened (on the pool) while later records are
@@ -87,12 +88,12 @@ struct PendingOpen {
   std::vector<std::byte> plain_env;    // sealed: the opened envelope, the bulk frame's AAD
   Envelope env;                        // kHeadPiece: the message's envelope
   NodeId sender;
-  std::uint64_t transfer = 0;    // id of the transfer this record created or continues
+  std::uint64_t transfer = 0;     // id of the transfer this record created or continues
   bool created_transfer = false;  // a head that opened a multi-chunk transfer
   std::uint64_t offset = 0;
   std::uint64_t len = 0;
-  bool last = false;             // chunks: completes the transfer
-  PooledBuffer piece;            // k*Piece: the destination
+  bool last = false;   // chunks: completes the transfer
+  PooledBuffer piece;  // k*Piece: the destination
   std::shared_ptr<CryptoJob> job;
 };
 
@@ -128,8 +129,8 @@ namespace sec = security;
 using detail::adopt_frame;
 using detail::adoptable;
 using detail::BulkHint;
-using detail::Clock;
 using detail::bytes_of;
+using detail::Clock;
 using detail::CryptoJob;
 using detail::finish_job;
 using detail::free_bulk;
@@ -142,8 +143,8 @@ using detail::make_header;
 using detail::message_from;
 using detail::parse_header;
 using detail::poll_sockets;
-using detail::Session;
 using detail::SendPacer;
+using detail::Session;
 using detail::start_job;
 using detail::text_of;
 using detail::Transfer;
@@ -172,7 +173,7 @@ struct Endpoint::Impl {
   EndpointStats stats;
   Clock::time_point last_sweep = Clock::now();
   std::function<std::vector<Frames>(Frames)> hook;
-  std::deque<std::unique_ptr<PendingOpen>> opening;  // bulk records being opened, in order
+  std::deque<std::unique_ptr<PendingOpen>> opening;       // bulk records being opened, in order
   std::vector<std::vector<zmq::message_t>> spare_frames;  // receive frame vectors, reused
   std::uint64_t warn_budget_reset = 0;
   int warnings_this_second = 0;
@@ -226,8 +227,7 @@ struct Endpoint::Impl {
 
   void on_hello(const PeerHandle& peer, const RecordHeader& h, std::vector<zmq::message_t>& f);
 
-  void on_handshake(const PeerHandle& peer, const RecordHeader& h,
-                    std::vector<zmq::message_t>& f);
+  void on_handshake(const PeerHandle& peer, const RecordHeader& h, std::vector<zmq::message_t>& f);
 
   void on_refuse(const PeerHandle& peer, const RecordHeader& h, std::vector<zmq::message_t>& f);
 
@@ -323,6 +323,7 @@ struct Endpoint::Impl {
 
   void wait_ready(std::chrono::milliseconds timeout);
 
-  void configure_socket();};
+  void configure_socket();
+};
 
 }  // namespace cohort::transport

@@ -24,7 +24,8 @@ bool Endpoint::Impl::send_frames(const PeerHandle& peer, zmq::message_t header, 
     }
     auto more = zmq::send_flags::sndmore;
     if (!socket.send(header, more)) throw TimeoutError("send timed out");
-    if (!socket.send(body, bulk ? more : zmq::send_flags::none)) throw TimeoutError("send timed out");
+    if (!socket.send(body, bulk ? more : zmq::send_flags::none))
+      throw TimeoutError("send timed out");
     if (bulk && !socket.send(*bulk, zmq::send_flags::none)) throw TimeoutError("send timed out");
   } catch (const zmq::error_t& e) {
     if (e.num() == EHOSTUNREACH) return false;
@@ -72,7 +73,8 @@ void Endpoint::Impl::send_control(const PeerHandle& peer, Kind kind, std::span<c
   auto h = make_header(kind, attempt);
   std::optional<zmq::message_t> second;
   if (b) second = message_from(*b);
-  send_frames(peer, message_from(std::span<const std::byte>(h)), message_from(a), std::move(second));
+  send_frames(peer, message_from(std::span<const std::byte>(h)), message_from(a),
+              std::move(second));
 }
 
 Envelope detail::Outgoing::envelope_for(std::uint32_t i, std::uint64_t& seq) const {
@@ -107,7 +109,8 @@ std::optional<std::uint64_t> Endpoint::Impl::send_message(const PeerHandle& peer
   }
   const std::uint64_t total = payload.bytes.size();
   if (total > options.max_payload_bytes) {
-    throw TransportError("payload of " + std::to_string(total) + " bytes exceeds max_payload_bytes");
+    throw TransportError("payload of " + std::to_string(total) +
+                         " bytes exceeds max_payload_bytes");
   }
   detail::Outgoing out;
   out.total = total;
@@ -214,9 +217,9 @@ bool Endpoint::Impl::send_sealed(const PeerHandle& peer, Session& session,
 // would hold up every other. Over inproc:// a frame is let go of only when the receiver drops
 // it, often on this thread.
 bool Endpoint::Impl::paced() const { return !is_router && url.rfind("inproc://", 0) != 0; }
-                           
-                           zmq::message_t Endpoint::Impl::pooled_message(PooledBuffer buf,
-                           const std::shared_ptr<SendProgress>& progress) {
+
+zmq::message_t Endpoint::Impl::pooled_message(PooledBuffer buf,
+                                              const std::shared_ptr<SendProgress>& progress) {
   const std::size_t size = buf.size();
   void* data = buf.data();
   auto* hint = new BulkHint{buf.detach(), nullptr, progress};  // freed by ZeroMQ's callback

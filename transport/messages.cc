@@ -189,43 +189,108 @@ struct Writer {
   }
 };
 
+Welcome read_welcome(wire::Welcome::Reader w) {
+  Welcome out{.client_index = w.getClientIndex(),
+              .model_size = w.getModelSize(),
+              .model_spec = text(w.getModelSpec(), "modelSpec"),
+              .shards = {},
+              .current_round = w.getCurrentRound(),
+              .heartbeat_ms = w.getHeartbeatMs(),
+              .training_toml = text(w.getTrainingToml(), "trainingToml"),
+              .coordinator_epoch = w.getCoordinatorEpoch()};
+  auto shards = w.getShards();
+  if (shards.size() > kMaxShards) {
+    throw ProtocolError("welcome lists " + std::to_string(shards.size()) + " shards (limit " +
+                        std::to_string(kMaxShards) + ")");
+  }
+  for (auto s : shards) {
+    if (s.getBegin() > s.getEnd()) throw ProtocolError("welcome: shard range begins after it ends");
+    out.shards.push_back({.index = s.getIndex(),
+                          .url = text(s.getUrl(), "url"),
+                          .node_id = text(s.getNodeId(), "nodeId"),
+                          .begin = s.getBegin(),
+                          .end = s.getEnd()});
+  }
+  return out;
+}
+
+Push read_push(wire::Push::Reader p) {
+  if (p.getBegin() > p.getEnd()) throw ProtocolError("push: range begins after it ends");
+  return Push{.shard = p.getShard(),
+              .begin = p.getBegin(),
+              .end = p.getEnd(),
+              .num_samples = p.getNumSamples(),
+              .base_version = p.getBaseVersion(),
+              .encoding = enc(p.getEncoding()),
+              .kind = checked_enum<PushKind>(static_cast<std::uint16_t>(p.getKind()), 2, "kind"),
+              .train_loss = p.getTrainLoss(),
+              .clock = p.getClock(),
+              .elements = p.getElements()};
+}
+
+RoundOpen read_round_open(wire::RoundOpen::Reader r) {
+  auto list = r.getClients();
+  if (list.size() > kRoundOpenBatch) {
+    throw ProtocolError("roundOpen lists " + std::to_string(list.size()) + " clients (limit " +
+                        std::to_string(kRoundOpenBatch) + ")");
+  }
+  RoundOpen out{.round = r.getRound(), .clients = {}};
+  out.clients.reserve(list.size());
+  for (auto c : list) {
+    std::string id = text(c, "client");
+    if (!is_valid_node_id(id)) throw ProtocolError("roundOpen: a client id is not a valid node id");
+    out.clients.push_back(std::move(id));
+  }
+  return out;
+}
+
+ClientReport read_report(wire::ClientReport::Reader r) {
+  return ClientReport{.round = r.getRound(),
+                      .trained = r.getTrained(),
+                      .num_samples = r.getNumSamples(),
+                      .train_loss = r.getTrainLoss(),
+                      .train_seconds = r.getTrainSeconds(),
+                      .comm_seconds = r.getCommSeconds(),
+                      .bytes_sent = r.getBytesSent(),
+                      .bytes_received = r.getBytesReceived(),
+                      .evaluated = r.getEvaluated(),
+                      .eval_loss = r.getEvalLoss(),
+                      .eval_accuracy = r.getEvalAccuracy(),
+                      .eval_count = r.getEvalCount(),
+                      .model_version = r.getModelVersion(),
+                      .message = text(r.getMessage(), "message"),
+                      .fatal = r.getFatal()};
+}
+
 Body read_body(wire::Envelope::Body::Reader b) {
   switch (b.which()) {
     case wire::Envelope::Body::REGISTER: {
       auto r = b.getRegister();
       return Register{checked_enum<Role>(static_cast<std::uint16_t>(r.getRole()), 4, "role"),
-                      r.getDatasetSize(), text(r.getDevice(), "device"),
-                      text(r.getListenUrl(), "listenUrl"), r.getResumeToken(),
-                      r.getShardIndex(), text(r.getPartition(), "partition")};
+                      r.getDatasetSize(),
+                      text(r.getDevice(), "device"),
+                      text(r.getListenUrl(), "listenUrl"),
+                      r.getResumeToken(),
+                      r.getShardIndex(),
+                      text(r.getPartition(), "partition")};
     }
-    case wire::Envelope::Body::WELCOME: {
-      auto w = b.getWelcome();
-      Welcome out{w.getClientIndex(), w.getModelSize(), text(w.getModelSpec(), "modelSpec"), {},
-                  w.getCurrentRound(), w.getHeartbeatMs(), text(w.getTrainingToml(), "trainingToml"),
-                  w.getCoordinatorEpoch()};
-      auto shards = w.getShards();
-      if (shards.size() > kMaxShards) {
-        throw ProtocolError("welcome lists " + std::to_string(shards.size()) + " shards (limit " +
-                            std::to_string(kMaxShards) + ")");
-      }
-      for (auto s : shards) {
-        if (s.getBegin() > s.getEnd()) throw ProtocolError("welcome: shard range begins after it ends");
-        out.shards.push_back({s.getIndex(), text(s.getUrl(), "url"), text(s.getNodeId(), "nodeId"),
-                              s.getBegin(), s.getEnd()});
-      }
-      return out;
-    }
+    case wire::Envelope::Body::WELCOME: return read_welcome(b.getWelcome());
     case wire::Envelope::Body::HEARTBEAT: {
       auto h = b.getHeartbeat();
       return Heartbeat{h.getClock(), h.getLoad()};
     }
     case wire::Envelope::Body::ROUND_START: {
       auto r = b.getRoundStart();
-      return RoundStart{r.getRound(),        r.getDeadlineMs(),    r.getLocalEpochs(),
-                        r.getLocalSteps(),   r.getLearningRate(),  r.getModelVersion(),
-                        r.getEvaluateOnly(),
-                        checked_enum<TrainingMode>(static_cast<std::uint16_t>(r.getMode()), 3, "mode"),
-                        r.getBatchSize()};
+      return RoundStart{
+          r.getRound(),
+          r.getDeadlineMs(),
+          r.getLocalEpochs(),
+          r.getLocalSteps(),
+          r.getLearningRate(),
+          r.getModelVersion(),
+          r.getEvaluateOnly(),
+          checked_enum<TrainingMode>(static_cast<std::uint16_t>(r.getMode()), 3, "mode"),
+          r.getBatchSize()};
     }
     case wire::Envelope::Body::PULL: {
       auto p = b.getPull();
@@ -235,25 +300,14 @@ Body read_body(wire::Envelope::Body::Reader b) {
     case wire::Envelope::Body::PULL_REPLY: {
       auto p = b.getPullReply();
       if (p.getBegin() > p.getEnd()) throw ProtocolError("pullReply: range begins after it ends");
-      return PullReply{p.getShard(), p.getBegin(), p.getEnd(), p.getVersion(), enc(p.getEncoding())};
+      return PullReply{p.getShard(), p.getBegin(), p.getEnd(), p.getVersion(),
+                       enc(p.getEncoding())};
     }
-    case wire::Envelope::Body::PUSH: {
-      auto p = b.getPush();
-      if (p.getBegin() > p.getEnd()) throw ProtocolError("push: range begins after it ends");
-      return Push{p.getShard(),
-                  p.getBegin(),
-                  p.getEnd(),
-                  p.getNumSamples(),
-                  p.getBaseVersion(),
-                  enc(p.getEncoding()),
-                  checked_enum<PushKind>(static_cast<std::uint16_t>(p.getKind()), 2, "kind"),
-                  p.getTrainLoss(),
-                  p.getClock(),
-                  p.getElements()};
-    }
+    case wire::Envelope::Body::PUSH: return read_push(b.getPush());
     case wire::Envelope::Body::PUSH_ACK: {
       auto a = b.getPushAck();
-      return PushAck{a.getAccepted(), text(a.getReason(), "reason"), a.getVersion(), a.getPrepared()};
+      return PushAck{a.getAccepted(), text(a.getReason(), "reason"), a.getVersion(),
+                     a.getPrepared()};
     }
     case wire::Envelope::Body::CHUNK: {
       auto c = b.getChunk();
@@ -271,40 +325,16 @@ Body read_body(wire::Envelope::Body::Reader b) {
     }
     case wire::Envelope::Body::ALLREDUCE: {
       auto a = b.getAllreduce();
-      return AllreduceChunk{a.getOpId(), a.getStep(),   a.getPhase(),
+      return AllreduceChunk{a.getOpId(),    a.getStep(),   a.getPhase(),
                             a.getSegment(), a.getOffset(), a.getElements()};
     }
-    case wire::Envelope::Body::BYE:
-      return Bye{text(b.getBye().getReason(), "reason")};
-    case wire::Envelope::Body::ROUND_OPEN: {
-      auto r = b.getRoundOpen();
-      auto list = r.getClients();
-      if (list.size() > kRoundOpenBatch) {
-        throw ProtocolError("roundOpen lists " + std::to_string(list.size()) + " clients (limit " +
-                            std::to_string(kRoundOpenBatch) + ")");
-      }
-      RoundOpen out{r.getRound(), {}};
-      out.clients.reserve(list.size());
-      for (auto c : list) {
-        std::string id = text(c, "client");
-        if (!is_valid_node_id(id)) throw ProtocolError("roundOpen: a client id is not a valid node id");
-        out.clients.push_back(std::move(id));
-      }
-      return out;
-    }
+    case wire::Envelope::Body::BYE: return Bye{text(b.getBye().getReason(), "reason")};
+    case wire::Envelope::Body::ROUND_OPEN: return read_round_open(b.getRoundOpen());
     case wire::Envelope::Body::ROUND_CLOSE: {
       auto r = b.getRoundClose();
       return RoundClose{r.getRound(), r.getCommit(), r.getClients(), r.getPrepare()};
     }
-    case wire::Envelope::Body::REPORT: {
-      auto r = b.getReport();
-      return ClientReport{r.getRound(),         r.getTrained(),      r.getNumSamples(),
-                          r.getTrainLoss(),     r.getTrainSeconds(), r.getCommSeconds(),
-                          r.getBytesSent(),     r.getBytesReceived(), r.getEvaluated(),
-                          r.getEvalLoss(),      r.getEvalAccuracy(), r.getEvalCount(),
-                          r.getModelVersion(),  text(r.getMessage(), "message"),
-                          r.getFatal()};
-    }
+    case wire::Envelope::Body::REPORT: return read_report(b.getReport());
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");
 }
@@ -312,10 +342,10 @@ Body read_body(wire::Envelope::Body::Reader b) {
 }  // namespace
 
 std::string_view body_name(const Body& body) {
-  static constexpr std::string_view kNames[] = {
-      "register", "welcome", "heartbeat", "roundStart", "pull",      "pullReply", "push",
-      "pushAck",  "chunk",   "error",     "gossip",     "allreduce", "bye",       "roundClose",
-      "report",   "roundOpen"};
+  static constexpr std::string_view kNames[] = {"register", "welcome",    "heartbeat", "roundStart",
+                                                "pull",     "pullReply",  "push",      "pushAck",
+                                                "chunk",    "error",      "gossip",    "allreduce",
+                                                "bye",      "roundClose", "report",    "roundOpen"};
   return kNames[body.index()];
 }
 
@@ -339,8 +369,8 @@ std::vector<std::byte> encode(const Envelope& envelope) {
 
 Envelope decode(std::span<const std::byte> bytes) {
   if (bytes.size() > kMaxEnvelopeBytes) {
-    throw ProtocolError("envelope of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +
-                        std::to_string(kMaxEnvelopeBytes));
+    throw ProtocolError("envelope of " + std::to_string(bytes.size()) +
+                        " bytes exceeds the limit of " + std::to_string(kMaxEnvelopeBytes));
   }
   if (bytes.empty() || bytes.size() % sizeof(capnp::word) != 0) {
     throw ProtocolError("envelope of " + std::to_string(bytes.size()) +
@@ -370,7 +400,8 @@ Envelope decode(std::span<const std::byte> bytes) {
                           std::to_string(kProtocolVersion) + ")");
     }
     out.sender = text(e.getSender(), "sender");
-    if (!is_valid_node_id(out.sender)) throw ProtocolError("envelope sender is not a valid node id");
+    if (!is_valid_node_id(out.sender))
+      throw ProtocolError("envelope sender is not a valid node id");
     out.seq = e.getSeq();
     out.round = e.getRound();
     out.payload_bytes = e.getPayloadBytes();

@@ -81,8 +81,8 @@ bool Endpoint::Impl::defer_data(const PeerHandle& peer, const RecordHeader& h,
     job.in = bytes_of(p->frames[2]);
     job.out = plan.dest;
   }
-  job.streaming = p->kind == PendingOpen::Kind::kChunkWhole ||
-                  p->kind == PendingOpen::Kind::kHeadWhole;
+  job.streaming =
+      p->kind == PendingOpen::Kind::kChunkWhole || p->kind == PendingOpen::Kind::kHeadWhole;
   start_job(p->job, sealed ? crypto_pool() : options.pool);
   opening.push_back(std::move(p));
   return true;
@@ -130,8 +130,7 @@ bool Endpoint::Impl::plan_head_open(Session& s, Envelope& env, PendingOpen& p,
   const std::uint64_t first = std::min(chunk, total);
   if (plan.bulk_bytes != first) return false;
   const std::uint64_t id = env.seq;
-  if (count > 1 &&
-      (s.transfers.size() >= options.max_open_transfers || s.transfers.contains(id))) {
+  if (count > 1 && (s.transfers.size() >= options.max_open_transfers || s.transfers.contains(id))) {
     return false;
   }
   p.transfer = id;
@@ -175,7 +174,8 @@ bool Endpoint::Impl::commit_open(PendingOpen& p) {
     auto t = s.transfers.find(p.transfer);  // only commits, and settled paths, erase transfers
     COHORT_CHECK(t != s.transfers.end()) << "pending chunk lost its transfer";
     if (p.kind == K::kChunkPiece) {
-      inbox.push_back(Message{p.peer, p.sender, t->second.head, p.offset, std::move(p.piece), p.last});
+      inbox.push_back(
+          Message{p.peer, p.sender, t->second.head, p.offset, std::move(p.piece), p.last});
     } else if (p.last) {
       inbox.push_back(Message{p.peer, p.sender, std::move(t->second.head), 0,
                               std::move(t->second.buffer), true});

@@ -62,8 +62,9 @@ void Endpoint::Impl::on_data(const PeerHandle& peer, const RecordHeader& h,
     return;
   }
   if (secure && env.sender != s.peer_id) {
-    reject(peer, s, h, "sender '" + env.sender + "' does not match the certificate ('" +
-                           s.peer_id + "')", env.seq);
+    reject(peer, s, h,
+           "sender '" + env.sender + "' does not match the certificate ('" + s.peer_id + "')",
+           env.seq);
     return;
   }
   if (!secure) s.peer_id = env.sender;
@@ -76,8 +77,7 @@ void Endpoint::Impl::on_data(const PeerHandle& peer, const RecordHeader& h,
 }
 
 void Endpoint::Impl::reject(const PeerHandle& peer, Session& s, const RecordHeader& h,
-                            const std::string& why,
-                            std::uint64_t ref_seq) {
+                            const std::string& why, std::uint64_t ref_seq) {
   ++stats.dropped_malformed;
   warn_limited("dropped a message from " + (s.peer_id.empty() ? std::string("?") : s.peer_id) +
                ": " + why);
@@ -107,8 +107,7 @@ std::size_t Endpoint::Impl::bulk_plain_size(const RecordHeader& h, const zmq::me
 }
 
 void Endpoint::Impl::deliver(const PeerHandle& peer, Session& s, const RecordHeader& h,
-                             Envelope& env,
-                             std::span<const std::byte> aad, zmq::message_t* bulk) {
+                             Envelope& env, std::span<const std::byte> aad, zmq::message_t* bulk) {
   const bool sealed = h.kind == Kind::kSealed;
   auto commit = [&]() -> bool {
     if (sealed && !s.window.accept(h.counter)) {
@@ -163,7 +162,8 @@ void Endpoint::Impl::deliver(const PeerHandle& peer, Session& s, const RecordHea
       ++tr.next_index;
       tr.last_active = Clock::now();
       if (tr.next_index == tr.count) {
-        inbox.push_back(Message{peer, s.peer_id, std::move(tr.head), 0, std::move(tr.buffer), true});
+        inbox.push_back(
+            Message{peer, s.peer_id, std::move(tr.head), 0, std::move(tr.buffer), true});
       }
     }
     stats.bytes_received += len;
@@ -207,7 +207,8 @@ void Endpoint::Impl::deliver(const PeerHandle& peer, Session& s, const RecordHea
     }
     if (!commit()) return;
     stats.bytes_received += first;
-    if (count > 1) s.transfers.emplace(env.seq, Transfer{env, PooledBuffer{}, 1, count, Clock::now()});
+    if (count > 1)
+      s.transfers.emplace(env.seq, Transfer{env, PooledBuffer{}, 1, count, Clock::now()});
     inbox.push_back(Message{peer, s.peer_id, std::move(env), 0, std::move(piece), count == 1});
     return;
   }

@@ -41,8 +41,8 @@ PooledBuffer adopt_frame(zmq::message_t& m, std::size_t size) {
   auto* owner = new zmq::message_t();
   owner->copy(m);
   auto* data = static_cast<std::byte*>(owner->data());
-  return PooledBuffer::wrap(data, size,
-                            [](void* o) noexcept { delete static_cast<zmq::message_t*>(o); }, owner);
+  return PooledBuffer::wrap(
+      data, size, [](void* o) noexcept { delete static_cast<zmq::message_t*>(o); }, owner);
 }
 
 bool poll_sockets(zmq::pollitem_t* items, std::size_t count, std::chrono::milliseconds timeout) {

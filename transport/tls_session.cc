@@ -24,10 +24,11 @@ void Endpoint::Impl::start_client_handshake() {
     s.state = Session::State::kReady;
     return;
   }
-  s.handshake = std::make_unique<sec::Handshake>(
-      *tls, sec::Role::kClient,
-      options.security.expected_peer.empty() ? std::nullopt
-                                             : std::optional<NodeId>(options.security.expected_peer));
+  s.handshake =
+      std::make_unique<sec::Handshake>(*tls, sec::Role::kClient,
+                                       options.security.expected_peer.empty()
+                                           ? std::nullopt
+                                           : std::optional<NodeId>(options.security.expected_peer));
   auto first = s.handshake->step({});
   send_control("", Kind::kHello,
                std::as_bytes(std::span(options.node_id.data(), options.node_id.size())),

@@ -144,8 +144,8 @@ std::vector<SendResult> send(const Common& c, const std::string& server, std::si
 }
 
 int self_contained(const std::string& self, std::size_t mib, int repeat, bool insecure) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("cohort-demo-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("cohort-demo-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   struct Cleanup {
     std::filesystem::path d;
@@ -158,11 +158,14 @@ int self_contained(const std::string& self, std::size_t mib, int repeat, bool in
   auto server_files = security::generate_node(dir / "ca", "shard-0", dir / "certs");
   auto client_files = security::generate_node(dir / "ca", "client-0", dir / "certs");
   const std::string port_file = (dir / "port").string();
-  std::vector<std::string> args{self,       "serve",     "--name",   "shard-0",
-                                "--listen", "tcp://127.0.0.1:*",     "--port-file",
-                                port_file,  "--ca",      server_files.ca_file,
-                                "--cert",   server_files.cert_file, "--key",
-                                server_files.key_file,  "--count",  std::to_string(repeat)};
+  std::vector<std::string> args{self,          "serve",
+                                "--name",      "shard-0",
+                                "--listen",    "tcp://127.0.0.1:*",
+                                "--port-file", port_file,
+                                "--ca",        server_files.ca_file,
+                                "--cert",      server_files.cert_file,
+                                "--key",       server_files.key_file,
+                                "--count",     std::to_string(repeat)};
   if (insecure) args.push_back("--insecure");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -188,13 +191,14 @@ int self_contained(const std::string& self, std::size_t mib, int repeat, bool in
     if (port.empty()) std::this_thread::sleep_for(20ms);
   }
   if (port.empty()) throw TransportError("the receiver process did not start listening");
-  Common c{"client-0", client_files.ca_file, client_files.cert_file, client_files.key_file,
-           insecure, 1024};
+  Common c{
+      "client-0", client_files.ca_file, client_files.cert_file, client_files.key_file, insecure,
+      1024};
   const std::size_t bytes = mib << 20;
-  std::printf("cohort-transport-demo: sending a %zu MiB tensor %d times from client-0 to shard-0 "
-              "(separate processes, tcp://127.0.0.1:%s, %s)\n",
-              mib, repeat, port.c_str(),
-              insecure ? "plaintext" : "mutual TLS 1.3 + AES-256-GCM");
+  std::printf(
+      "cohort-transport-demo: sending a %zu MiB tensor %d times from client-0 to shard-0 "
+      "(separate processes, tcp://127.0.0.1:%s, %s)\n",
+      mib, repeat, port.c_str(), insecure ? "plaintext" : "mutual TLS 1.3 + AES-256-GCM");
   auto results = send(c, "tcp://127.0.0.1:" + port, bytes, repeat, false);
   bool ok = true;
   for (std::size_t i = 0; i < results.size(); ++i) {
@@ -208,7 +212,8 @@ int self_contained(const std::string& self, std::size_t mib, int repeat, bool in
   int st = 0;
   waitpid(child, &st, 0);
   reap.pid = -1;
-  std::printf("%s\n", ok ? "ok: every tensor arrived intact" : "FAILED: a tensor arrived corrupted");
+  std::printf("%s\n",
+              ok ? "ok: every tensor arrived intact" : "FAILED: a tensor arrived corrupted");
   return ok ? 0 : 1;
 }
 
@@ -221,7 +226,8 @@ int main(int argc, char** argv) {
   std::size_t mib = 64;
   int repeat = 3;
   bool insecure = false;
-  app.add_option("--mib", mib, "tensor size in MiB (self-contained mode)")->check(CLI::Range(1, 4096));
+  app.add_option("--mib", mib, "tensor size in MiB (self-contained mode)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--repeat", repeat, "transfers to make")->check(CLI::Range(1, 1000));
   app.add_flag("--insecure", insecure, "plaintext instead of TLS (logged as a warning)");
 
@@ -255,7 +261,8 @@ int main(int argc, char** argv) {
       auto results = send(c, server, bytes, repeat, true);
       for (const auto& r : results) {
         std::printf("{\"bytes\":%zu,\"seconds\":%.6f,\"sha256\":\"%s\",\"match\":%s}\n", bytes,
-                    r.seconds, r.remote_sha.c_str(), r.remote_sha == r.local_sha ? "true" : "false");
+                    r.seconds, r.remote_sha.c_str(),
+                    r.remote_sha == r.local_sha ? "true" : "false");
       }
       return 0;
     }

@@ -111,8 +111,7 @@ struct ZmqComm::Impl {
         }
       }
       if (!waiting) return;
-      const auto left =
-          std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) {
         // Surfaces the peer's refusal reason when there is one, else a TimeoutError.
         dealers.at(*waiting).wait_ready(std::chrono::milliseconds(1));
@@ -191,8 +190,7 @@ std::optional<PooledBuffer> ZmqComm::recv(Rank from, std::uint64_t tag,
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     if (auto m = impl_->mailbox.try_take(from, tag)) return m;
-    const auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       impl_->pump(std::chrono::milliseconds(0));
       return impl_->mailbox.try_take(from, tag);

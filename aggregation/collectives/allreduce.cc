@@ -11,12 +11,9 @@ namespace cohort::aggregation {
 
 std::string_view allreduce_algo_name(AllreduceAlgo algo) {
   switch (algo) {
-    case AllreduceAlgo::kAuto:
-      return "auto";
-    case AllreduceAlgo::kRing:
-      return "ring";
-    case AllreduceAlgo::kRecursiveDoubling:
-      return "recursive_doubling";
+    case AllreduceAlgo::kAuto: return "auto";
+    case AllreduceAlgo::kRing: return "ring";
+    case AllreduceAlgo::kRecursiveDoubling: return "recursive_doubling";
   }
   return "?";
 }

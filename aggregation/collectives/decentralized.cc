@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <optional>
-#include <cstring>
 #include <string>
 
 #include "cohort/aggregation/allreduce.h"
@@ -315,10 +315,9 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
     static constexpr std::array<std::string_view, 4> known{"momentum", "weight_decay", "nesterov",
                                                            "allreduce"};
     o.require_known(known);
-    return std::make_unique<AllreduceSgd>(float_option(o, "momentum", 0.9, 0, 1),
-                                          float_option(o, "weight_decay", 0, 0, 1),
-                                          o.get_bool("nesterov", false),
-                                          parse_allreduce_algo(o.get_string("allreduce", "ring")));
+    return std::make_unique<AllreduceSgd>(
+        float_option(o, "momentum", 0.9, 0, 1), float_option(o, "weight_decay", 0, 0, 1),
+        o.get_bool("nesterov", false), parse_allreduce_algo(o.get_string("allreduce", "ring")));
   });
   for (const char* name : {"push_sum", "sgp"}) {
     registry.add(name, [](const ConfigSection& o, std::shared_ptr<const Compressor>) {
@@ -335,8 +334,8 @@ namespace {
 constexpr std::string_view kTopologyPrefix = "topology_options.";
 constexpr std::string_view kCompressorPrefix = "compressor_options.";
 constexpr std::array<std::string_view, 10> kRunKeys{
-    "peers", "steps", "lr", "batch", "partition", "gossip_timeout_ms", "staleness",
-    "algorithm", "topology", "compressor"};
+    "peers",     "steps",     "lr",       "batch",     "partition", "gossip_timeout_ms",
+    "staleness", "algorithm", "topology", "compressor"};
 constexpr std::array<std::string_view, 8> kOptimizerKeys{
     "weight_decay", "overlap", "momentum", "nesterov", "mu", "gamma", "seed", "allreduce"};
 
@@ -428,7 +427,7 @@ DecentralizedSettings decentralized_settings_from(
   const bool compresses = out.algorithm == "choco";
   if (!compresses && (out.compressor != "none" || !out.compressor_options.names().empty())) {
     throw ConfigError(p + ".compressor and " + p + ".compressor_options.* apply to choco only (" +
-                      out.algorithm + " has no compressed form; ALGORITHMS.md 7.7)");
+                      out.algorithm + " has no compressed form; docs/ALGORITHMS.md 7.7)");
   }
   auto topology = make_topology(out);
   (void)topology->mixing(static_cast<Rank>(out.peers), 0);  // a graph that exists for `peers`

@@ -57,7 +57,7 @@ TEST_CASE("every built-in topology gives doubly stochastic, nonnegative, sparse-
   }
 }
 
-TEST_CASE("ring: eigenvalues (1 + 2cos(2 pi k/n))/3 and the spectral gaps of ALGORITHMS.md") {
+TEST_CASE("ring: eigenvalues (1 + 2cos(2 pi k/n))/3 and the spectral gaps of docs/ALGORITHMS.md") {
   auto ring = make("ring");
   const Rank n = 16;
   auto ev = symmetric_eigenvalues(ring->mixing(n, 0));
@@ -81,7 +81,7 @@ TEST_CASE("ring: eigenvalues (1 + 2cos(2 pi k/n))/3 and the spectral gaps of ALG
   CHECK(w(0, 2) == 0);
 }
 
-TEST_CASE("torus, exponential and complete: the spectral facts of ALGORITHMS.md") {
+TEST_CASE("torus, exponential and complete: the spectral facts of docs/ALGORITHMS.md") {
   CHECK(spectral_gap(make("torus")->mixing(16, 0)) == doctest::Approx(0.4).epsilon(1e-9));
   CHECK(spectral_gap(make("torus")->mixing(64, 0)) == doctest::Approx(0.117157).epsilon(1e-5));
   CHECK(make("torus")->mixing(16, 0)(0, 1) == doctest::Approx(0.2));

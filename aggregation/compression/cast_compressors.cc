@@ -1,4 +1,4 @@
-// Casts (ALGORITHMS.md 7.6): none (fp32), fp16, bf16, int8 with a scale per chunk.
+// Casts (docs/ALGORITHMS.md 7.6): none (fp32), fp16, bf16, int8 with a scale per chunk.
 #include <algorithm>
 #include <cmath>
 

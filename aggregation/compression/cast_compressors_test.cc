@@ -56,7 +56,7 @@ TEST_CASE("fp16: 2 bytes per element, round to nearest even, overflow to inf (7.
   CHECK(edge[3] == 5.9604645e-08f);  // smallest subnormal kept
 }
 
-TEST_CASE("bf16: the ALGORITHMS.md 7.6 vectors") {
+TEST_CASE("bf16: the docs/ALGORITHMS.md 7.6 vectors") {
   std::size_t n = 0;
   const auto y =
       round_trip(*make("bf16"), {1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-8f, 0.0f, -0.0f}, &n);

@@ -18,24 +18,15 @@ WireFormat encoded_format(std::span<const std::byte> bytes) {
 
 void decode_builtin(std::span<const std::byte> bytes, std::span<float> out) {
   switch (encoded_format(bytes)) {
-    case WireFormat::kDenseF32:
-      return detail::decode_dense(bytes, out);
-    case WireFormat::kFp16:
-      return detail::decode_fp16(bytes, out);
-    case WireFormat::kBf16:
-      return detail::decode_bf16(bytes, out);
-    case WireFormat::kInt8:
-      return detail::decode_int8(bytes, out);
-    case WireFormat::kQsgd:
-      return detail::decode_qsgd(bytes, out);
-    case WireFormat::kTopK:
-      return detail::decode_topk(bytes, out);
-    case WireFormat::kRandomK:
-      return detail::decode_randomk(bytes, out);
-    case WireFormat::kSign:
-      return detail::decode_sign(bytes, out);
-    case WireFormat::kLowRank:
-      return detail::decode_lowrank(bytes, out);
+    case WireFormat::kDenseF32: return detail::decode_dense(bytes, out);
+    case WireFormat::kFp16: return detail::decode_fp16(bytes, out);
+    case WireFormat::kBf16: return detail::decode_bf16(bytes, out);
+    case WireFormat::kInt8: return detail::decode_int8(bytes, out);
+    case WireFormat::kQsgd: return detail::decode_qsgd(bytes, out);
+    case WireFormat::kTopK: return detail::decode_topk(bytes, out);
+    case WireFormat::kRandomK: return detail::decode_randomk(bytes, out);
+    case WireFormat::kSign: return detail::decode_sign(bytes, out);
+    case WireFormat::kLowRank: return detail::decode_lowrank(bytes, out);
   }
   throw ProtocolError("unknown compressed format");  // unreachable: raw_header() checks
 }

@@ -1,4 +1,4 @@
-// QSGD (ALGORITHMS.md 7.2): per bucket one fp32 scale, per element a sign bit and
+// QSGD (docs/ALGORITHMS.md 7.2): per bucket one fp32 scale, per element a sign bit and
 // ceil(log2(s + 1)) bits of level. Quantisation itself is kernels::qsgd_quantize.
 #include <bit>
 #include <string>

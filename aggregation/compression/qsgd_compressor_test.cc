@@ -17,7 +17,7 @@ std::unique_ptr<Compressor> make_qsgd(std::int64_t s, std::int64_t bucket) {
       "qsgd", cohort::ConfigSection("compressor", {{"s", s}, {"bucket_size", bucket}}));
 }
 
-// The three kinds of vector ALGORITHMS.md 7.2 checked: Gaussian, equal magnitude, 10-sparse.
+// The three kinds of vector docs/ALGORITHMS.md 7.2 checked: Gaussian, equal magnitude, 10-sparse.
 std::vector<float> test_vector(int kind, std::size_t d) {
   TestRng rng(100 + kind);
   std::vector<float> v(d, 0.0f);
@@ -51,7 +51,7 @@ std::vector<double> probabilities(const std::vector<float>& v, double s) {
 
 TEST_CASE("qsgd: the exact variance is within Lemma 3.1's bound (deterministic, 7.2 (i))") {
   const std::size_t d = 1000;
-  const double expected_bound[] = {31.62, 7.906, 2.108, 0.01538};  // x ||v||^2, ALGORITHMS.md
+  const double expected_bound[] = {31.62, 7.906, 2.108, 0.01538};  // x ||v||^2, docs/ALGORITHMS.md
   int i = 0;
   for (double s : {1.0, 4.0, 15.0, 255.0}) {
     const double bound = std::min(d / (s * s), std::sqrt(static_cast<double>(d)) / s);

@@ -1,4 +1,4 @@
-// Scaled sign (ALGORITHMS.md 7.3, EF-signSGD): C(p) = (||p||_1 / d) sign(p), sign(0) = +1.
+// Scaled sign (docs/ALGORITHMS.md 7.3, EF-signSGD): C(p) = (||p||_1 / d) sign(p), sign(0) = +1.
 // Wire: one fp32 scale and d bits (1 = negative). Biased; error feedback on by default.
 #include <cmath>
 

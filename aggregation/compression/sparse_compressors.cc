@@ -1,4 +1,4 @@
-// top-k and random-k sparsification (ALGORITHMS.md 7.1). Both are biased as sent (contractive,
+// top-k and random-k sparsification (docs/ALGORITHMS.md 7.1). Both are biased as sent (contractive,
 // delta = k/d) and run under error feedback by default; random-k with scaled = true multiplies
 // the kept values by d/k and is unbiased (omega = d/k - 1).
 #include <algorithm>

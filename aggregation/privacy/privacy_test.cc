@@ -72,7 +72,7 @@ TEST_CASE("DP-FedAvg (8.3): z = 0, identical clipped deltas, W = N, m = qN gives
   for (int j = 0; j < 3; ++j) CHECK(update[j] == doctest::Approx(delta[j]));
 }
 
-TEST_CASE("RDP accountant: the ALGORITHMS.md 8.4 test vectors") {
+TEST_CASE("RDP accountant: the docs/ALGORITHMS.md 8.4 test vectors") {
   using C = RdpAccountant::Conversion;
   SUBCASE("q = 1, z = 1, T = 1, delta = 1e-5") {
     RdpAccountant acc;  // integer orders 2..256

@@ -1,4 +1,4 @@
-// Secure aggregation rounds R0-R4 (ALGORITHMS.md 8.1) and the fixed-point encoding (8.2).
+// Secure aggregation rounds R0-R4 (docs/ALGORITHMS.md 8.1) and the fixed-point encoding (8.2).
 #include "cohort/aggregation/secure_aggregation.h"
 
 #include <openssl/crypto.h>

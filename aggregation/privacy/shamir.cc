@@ -1,4 +1,4 @@
-// Shamir secret sharing over GF(2^61 - 1) (ALGORITHMS.md 8.1; Shamir 1979).
+// Shamir secret sharing over GF(2^61 - 1) (docs/ALGORITHMS.md 8.1; Shamir 1979).
 #include <cstring>
 #include <set>
 #include <string>

@@ -1,4 +1,4 @@
-// Bulyan (ALGORITHMS.md section 2; El Mhamdi et al. 2018).
+// Bulyan (docs/ALGORITHMS.md section 2; El Mhamdi et al. 2018).
 #include <algorithm>
 #include <cmath>
 #include <numeric>

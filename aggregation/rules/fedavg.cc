@@ -22,7 +22,8 @@ Verdict FedAvg::accept(const UpdateChunk& chunk) {
   auto [it, fresh] = clients_.try_emplace(chunk.client);
   Contribution& c = it->second;
   if (fresh) c.weight = chunk.weight;
-  if (c.ended || c.weight != chunk.weight || chunk.offset != c.prefix_end) return Verdict::kRejected;
+  if (c.ended || c.weight != chunk.weight || chunk.offset != c.prefix_end)
+    return Verdict::kRejected;
   // Checked and summed block by block, each block summed while it is still in L1 after its check
   // (an update arrives from another core's cache; reading it twice cost as much as the sum). A
   // non-finite value rejects the chunk and leaves the client's prefix ending at its block, so

@@ -61,7 +61,7 @@ TEST_CASE("fedavg with no updates reports false; the registry knows it") {
                        cohort::ConfigError);
 }
 
-TEST_CASE("server sgd and fedavgm move the model as ALGORITHMS.md 1.2 says") {
+TEST_CASE("server sgd and fedavgm move the model as docs/ALGORITHMS.md 1.2 says") {
   auto reg = cohort::builtin_registries();
   auto sgd = reg.server_optimizers.create("sgd", {});
   std::vector<float> x{1, 2};

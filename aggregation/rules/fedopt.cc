@@ -37,8 +37,9 @@ void FedOpt::apply_delta(std::span<float> params, std::span<const float> delta) 
 }
 
 void FedOpt::apply_gradient(std::span<float> params, std::span<const float> gradient) {
-  COHORT_CHECK(gradient.size() == m_.size()) << "gradient " << gradient.size() << ", state " << m_.size();
-  step_range(0, params, gradient, -1.0, next_step());  // Delta = -g (ALGORITHMS.md section 0)
+  COHORT_CHECK(gradient.size() == m_.size())
+      << "gradient " << gradient.size() << ", state " << m_.size();
+  step_range(0, params, gradient, -1.0, next_step());  // Delta = -g (docs/ALGORITHMS.md section 0)
 }
 
 void FedOpt::begin_gradient_step() { step_lr_ = next_step(); }
@@ -72,15 +73,11 @@ void FedOpt::step_range(std::size_t offset, std::span<float> params,
     const double m = b1 * m_[offset + i] + (1.0 - b1) * d;
     double v = v_[offset + i];
     switch (o.variant) {
-      case FedOptOptions::Variant::kAdagrad:
-        v += d2;
-        break;
+      case FedOptOptions::Variant::kAdagrad: v += d2; break;
       case FedOptOptions::Variant::kYogi:
         v -= (1.0 - b2) * d2 * (v - d2 >= 0 ? 1.0 : -1.0);  // sign(0) = +1
         break;
-      case FedOptOptions::Variant::kAdam:
-        v = b2 * v + (1.0 - b2) * d2;
-        break;
+      case FedOptOptions::Variant::kAdam: v = b2 * v + (1.0 - b2) * d2; break;
     }
     m_[offset + i] = static_cast<float>(m);
     v_[offset + i] = static_cast<float>(v);

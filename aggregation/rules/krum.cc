@@ -1,4 +1,4 @@
-// Krum and Multi-Krum (ALGORITHMS.md 2.1-2.3; Blanchard et al. 2017). O(m^2 d) distances, each
+// Krum and Multi-Krum (docs/ALGORITHMS.md 2.1-2.3; Blanchard et al. 2017). O(m^2 d) distances, each
 // summed in double.
 #include <algorithm>
 #include <numeric>

@@ -1,4 +1,4 @@
-// Coordinate-wise median (ALGORITHMS.md section 2; Yin et al. 2018).
+// Coordinate-wise median (docs/ALGORITHMS.md section 2; Yin et al. 2018).
 #include "builtins.h"
 #include "cohort/aggregation/robust.h"
 #include "cohort/kernels/robust.h"

@@ -34,10 +34,11 @@ class ServerSgd final : public ServerOptimizer {
   float lr_;
 };
 
-// fedavgm (ALGORITHMS.md 1.2): v = beta * v + Delta; x += lr * v.
+// fedavgm (docs/ALGORITHMS.md 1.2): v = beta * v + Delta; x += lr * v.
 class ServerMomentum final : public ServerOptimizer {
  public:
-  ServerMomentum(double lr, double beta) : lr_(static_cast<float>(lr)), beta_(static_cast<float>(beta)) {}
+  ServerMomentum(double lr, double beta)
+      : lr_(static_cast<float>(lr)), beta_(static_cast<float>(beta)) {}
   void reset(std::size_t size) override { v_ = FloatBuffer(size); }
   void apply_delta(std::span<float> params, std::span<const float> delta) override {
     COHORT_CHECK(params.size() == delta.size() && delta.size() == v_.size());

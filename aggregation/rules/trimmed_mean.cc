@@ -1,4 +1,4 @@
-// Coordinate-wise trimmed mean (ALGORITHMS.md section 2; Yin et al. 2018), scipy trim_mean
+// Coordinate-wise trimmed mean (docs/ALGORITHMS.md section 2; Yin et al. 2018), scipy trim_mean
 // semantics: b = floor(beta m) dropped at each end.
 #include <cmath>
 #include <string>
@@ -33,7 +33,7 @@ bool TrimmedMean::combine(std::span<const std::span<const float>> updates,
                           std::span<const ClientId> /*clients*/,
                           std::span<const double> /*weights*/, std::span<float> out) {
   const std::size_t b = trim_count(beta_, updates.size());
-  if (b < f_) return false;  // ALGORITHMS.md: require b >= f
+  if (b < f_) return false;  // docs/ALGORITHMS.md: require b >= f
   kernels::trimmed_mean(updates, b, out);
   return true;
 }

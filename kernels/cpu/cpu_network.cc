@@ -36,10 +36,10 @@ enum class OpKind { kLayer, kToNhwc, kToNchw };
 struct Op {
   OpKind kind = OpKind::kLayer;
   const LayerSpec* layer = nullptr;  // kLayer only
-  std::size_t index = 0;  // into spec.layers(), for dropout keys
-  bool relu = false;      // fused ReLU on the output
-  bool nhwc = false;      // layout of the output (and of its gradient)
-  bool needs_dx = true;   // some earlier op has parameters, so backward must produce dx
+  std::size_t index = 0;             // into spec.layers(), for dropout keys
+  bool relu = false;                 // fused ReLU on the output
+  bool nhwc = false;                 // layout of the output (and of its gradient)
+  bool needs_dx = true;              // some earlier op has parameters, so backward must produce dx
   // A fused ReLU directly followed by a max-pool: the pool's backward applies the ReLU mask
   // (by its own output, the ReLU output it picked), so this op's backward reads no mask.
   bool relu_in_pool = false;
@@ -47,7 +47,7 @@ struct Op {
   PoolGeometry pool{};
   Shape shape{};                        // kToNhwc, kToNchw: the activation converted
   std::unique_ptr<NhwcConv> fast_conv;  // conv2d on the channels-last path
-  std::size_t in_size = 0;   // floats per sample
+  std::size_t in_size = 0;              // floats per sample
   std::size_t out_size = 0;
 };
 
@@ -100,16 +100,11 @@ class CpuNetwork final : public Network {
           }
           to_layout(op.fast_conv != nullptr, l.input);
           break;
-        case LayerKind::kMaxPool2d:
-          op.pool = pool_geometry(l);
-          break;
+        case LayerKind::kMaxPool2d: op.pool = pool_geometry(l); break;
         case LayerKind::kLinear:
-        case LayerKind::kDropout:
-          to_layout(false, l.input);
-          break;
+        case LayerKind::kDropout: to_layout(false, l.input); break;
         case LayerKind::kRelu:
-        case LayerKind::kFlatten:
-          break;
+        case LayerKind::kFlatten: break;
       }
       op.nhwc = nhwc;
       ops_.push_back(std::move(op));
@@ -190,9 +185,7 @@ class CpuNetwork final : public Network {
             conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
           }
           break;
-        case LayerKind::kRelu:
-          relu_forward(x, y, batch * op.out_size);
-          break;
+        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
         case LayerKind::kMaxPool2d:
           if (op.nhwc) {
             maxpool2d_forward_nhwc(exec_, x, y, argmax_[i].data(), batch, op.pool);
@@ -208,8 +201,7 @@ class CpuNetwork final : public Network {
             y = const_cast<float*>(x);  // identity: pass the input through, never written
           }
           break;
-        case LayerKind::kFlatten:
-          break;
+        case LayerKind::kFlatten: break;
       }
       out_ptrs_[i] = y;
       x = y;
@@ -279,8 +271,7 @@ class CpuNetwork final : public Network {
             std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
           }
           break;
-        case LayerKind::kFlatten:
-          break;
+        case LayerKind::kFlatten: break;
       }
       std::swap(dx, dy);
       if (!op.needs_dx) break;  // nothing earlier has parameters
@@ -377,11 +368,11 @@ class CpuNetwork final : public Network {
 
   // Per-batch buffers, sized for capacity_ samples.
   std::size_t capacity_ = 0;
-  FloatBuffer input_;                               // copy of a training forward's input
-  std::vector<FloatBuffer> outputs_;                // per op
-  std::vector<FloatBuffer> masks_;                  // dropout ops
-  std::vector<std::vector<std::int32_t>> argmax_;   // maxpool ops
-  FloatBuffer grad_a_, grad_b_;                     // activation gradients, ping-pong
+  FloatBuffer input_;                              // copy of a training forward's input
+  std::vector<FloatBuffer> outputs_;               // per op
+  std::vector<FloatBuffer> masks_;                 // dropout ops
+  std::vector<std::vector<std::int32_t>> argmax_;  // maxpool ops
+  FloatBuffer grad_a_, grad_b_;                    // activation gradients, ping-pong
   FloatBuffer dlogits_;
 
   // State of the last forward.

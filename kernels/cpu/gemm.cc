@@ -23,9 +23,9 @@ namespace {
 // conv shapes we train (docs/PERFORMANCE.md 4; cohort_kernels_bench measures it).
 constexpr std::size_t kMr = 6;
 constexpr std::size_t kNr = 16;
-constexpr std::size_t kKc = 256;    // A micro-panel 6 KiB, B micro-panel 16 KiB: L1
-constexpr std::size_t kMc = 96;     // packed A block 96 KiB: L2
-constexpr std::size_t kNc = 2048;   // packed B block 2 MiB: L3
+constexpr std::size_t kKc = 256;   // A micro-panel 6 KiB, B micro-panel 16 KiB: L1
+constexpr std::size_t kMc = 96;    // packed A block 96 KiB: L2
+constexpr std::size_t kNc = 2048;  // packed B block 2 MiB: L3
 
 struct PackBuffers {
   FloatBuffer a;
@@ -208,9 +208,8 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, GemmOperand a, GemmOperan
                packed_a);
         for (std::size_t jr = 0; jr < nc; jr += kNr) {
           for (std::size_t ir = 0; ir < mc; ir += kMr) {
-            micro_kernel(kc, packed_a + ir * kc, packed_b + jr * kc,
-                         c + (i0 + ir) * ldc + j0 + jr, ldc, std::min(kMr, mc - ir),
-                         std::min(kNr, nc - jr), acc);
+            micro_kernel(kc, packed_a + ir * kc, packed_b + jr * kc, c + (i0 + ir) * ldc + j0 + jr,
+                         ldc, std::min(kMr, mc - ir), std::min(kNr, nc - jr), acc);
           }
         }
       }
@@ -222,9 +221,10 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, GemmOperand a, GemmOperan
 
 void gemm(std::size_t m, std::size_t n, std::size_t k, GemmOperand a, GemmOperand b, float* c,
           std::size_t ldc, bool accumulate) {
-  using Strided = Eigen::Map<const Eigen::MatrixXf, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+  using Strided =
+      Eigen::Map<const Eigen::MatrixXf, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic> >;
   using Out = Eigen::Map<Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>, 0,
-                         Eigen::OuterStride<>>;
+                         Eigen::OuterStride<> >;
   const auto ix = [](std::size_t v) { return static_cast<Eigen::Index>(v); };
   const Strided am(a.data, ix(m), ix(k), {ix(a.col_stride), ix(a.row_stride)});
   const Strided bm(b.data, ix(k), ix(n), {ix(b.col_stride), ix(b.row_stride)});

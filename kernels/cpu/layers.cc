@@ -17,9 +17,9 @@
 #endif
 
 #include "../parallel.h"
-#include "gemm.h"
 #include "../random.h"
 #include "cohort/core/error.h"
+#include "gemm.h"
 
 namespace cohort::kernels::cpu {
 namespace {
@@ -89,8 +89,7 @@ inline void copy_row(float* __restrict dst, const float* __restrict src, std::si
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
   if (i < n) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i mask =
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i)), lanes);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - i)), lanes);
     store_partial(dst + i, _mm256_maskload_ps(src + i, mask), n - i);
   }
 #else
@@ -122,8 +121,7 @@ void im2col(const float* x, const ConvGeometry& g, float* cols, std::size_t ld) 
         float* row = cols + ((c * k + ky) * k + kx) * ld;
         // Output columns ox with 0 <= ox * s + kx - pad < w.
         const std::size_t ox_begin = kx >= pad ? 0 : (pad - kx + s - 1) / s;
-        const std::size_t ox_end =
-            w + pad > kx ? std::min(ow, (w + pad - kx + s - 1) / s) : 0;
+        const std::size_t ox_end = w + pad > kx ? std::min(ow, (w + pad - kx + s - 1) / s) : 0;
         for (std::size_t oy = 0; oy < oh; ++oy) {
           float* out = row + oy * ow;
           const std::size_t iy = oy * s + ky;
@@ -155,8 +153,7 @@ void col2im(const float* dcols, std::size_t ld, const ConvGeometry& g, float* dx
       for (std::size_t kx = 0; kx < k; ++kx) {
         const float* row = dcols + ((c * k + ky) * k + kx) * ld;
         const std::size_t ox_begin = kx >= pad ? 0 : (pad - kx + s - 1) / s;
-        const std::size_t ox_end =
-            w + pad > kx ? std::min(ow, (w + pad - kx + s - 1) / s) : 0;
+        const std::size_t ox_end = w + pad > kx ? std::min(ow, (w + pad - kx + s - 1) / s) : 0;
         for (std::size_t oy = 0; oy < oh; ++oy) {
           const std::size_t iy = oy * s + ky;
           if (iy < pad || iy - pad >= h) continue;
@@ -187,13 +184,13 @@ float* Workspace::floats(std::size_t part, std::size_t slot, std::size_t count) 
 }
 
 ConvGeometry conv_geometry(const LayerSpec& l) {
-  return {l.input.channels, l.input.height, l.input.width, l.out, l.kernel, l.stride, l.padding,
-          l.output.height, l.output.width};
+  return {l.input.channels, l.input.height, l.input.width,   l.out,         l.kernel,
+          l.stride,         l.padding,      l.output.height, l.output.width};
 }
 
 PoolGeometry pool_geometry(const LayerSpec& l) {
-  return {l.input.channels, l.input.height, l.input.width, l.kernel, l.stride, l.output.height,
-          l.output.width};
+  return {l.input.channels, l.input.height,  l.input.width, l.kernel,
+          l.stride,         l.output.height, l.output.width};
 }
 
 namespace {
@@ -473,7 +470,8 @@ void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy
       if (transpose_dw) {
         gemm(K, C, ld, row_major(cols, ld), transposed(grad, ld), weight_t, C, c0 > s0);
       } else {
-        gemm(C, K, ld, row_major(grad, ld), transposed(cols, ld), partial_w, K, /*accumulate=*/true);
+        gemm(C, K, ld, row_major(grad, ld), transposed(cols, ld), partial_w, K,
+             /*accumulate=*/true);
       }
       grad_b += ConstMatrixMap(grad, ix(C), ix(ld)).rowwise().sum();
       if (dx != nullptr) {
@@ -501,7 +499,8 @@ void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy
 void maxpool2d_forward(Exec& exec, const float* x, float* y, std::int32_t* argmax, std::size_t n,
                        const PoolGeometry& g) {
   const std::size_t planes = n * g.channels;
-  const std::size_t grain = std::max<std::size_t>(1, kElementGrain / std::max<std::size_t>(g.in_size() / g.channels, 1));
+  const std::size_t grain =
+      std::max<std::size_t>(1, kElementGrain / std::max<std::size_t>(g.in_size() / g.channels, 1));
   detail::parallel_ranges(exec.pool, planes, grain, [&](std::size_t p0, std::size_t p1) {
     for (std::size_t p = p0; p < p1; ++p) {
       const float* in = x + p * g.height * g.width;
@@ -548,7 +547,8 @@ void maxpool2d_backward(Exec& exec, const float* dy, const std::int32_t* argmax,
                         std::size_t n, const PoolGeometry& g, const float* pool_y) {
   const std::size_t planes = n * g.channels;
   const std::size_t in_plane = g.height * g.width, out_plane = g.out_height * g.out_width;
-  const std::size_t grain = std::max<std::size_t>(1, kElementGrain / std::max<std::size_t>(in_plane, 1));
+  const std::size_t grain =
+      std::max<std::size_t>(1, kElementGrain / std::max<std::size_t>(in_plane, 1));
   detail::parallel_ranges(exec.pool, planes, grain, [&](std::size_t p0, std::size_t p1) {
     std::fill(dx + p0 * in_plane, dx + p1 * in_plane, 0.0f);
     for (std::size_t p = p0; p < p1; ++p) {

@@ -49,23 +49,24 @@ inline constexpr std::size_t kBlockTiles = 96;
 // 4 KiB (96 tiles x 32 or 64 channels) the 36 streams of a transform all map to one L1 set.
 inline constexpr std::size_t kPlanePad = 16;
 inline std::size_t plane_floats(std::size_t channels) { return kBlockTiles * channels + kPlanePad; }
-inline constexpr std::size_t kSlack = 16;  // floats past a buffer's end that full-width loads may touch
+inline constexpr std::size_t kSlack =
+    16;  // floats past a buffer's end that full-width loads may touch
 
 // Winograd F(m, r) with alpha = 6 and points 0, +-1, +-2, infinity (Lavin & Gray, 2016): the
 // same input transform Bt serves F(2, 5) and F(4, 3). Generated exactly with rational
 // arithmetic (Toom-Cook); Bt, At and their transposes are written out in bt6/b6/at6/a6.
 inline constexpr double kG5[6][5] = {{1.0 / 4, 0, 0, 0, 0},
-                              {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
-                              {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
-                              {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
-                              {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
-                              {0, 0, 0, 0, 1}};
+                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                     {1.0 / 24, 1.0 / 12, 1.0 / 6, 1.0 / 3, 2.0 / 3},
+                                     {1.0 / 24, -1.0 / 12, 1.0 / 6, -1.0 / 3, 2.0 / 3},
+                                     {0, 0, 0, 0, 1}};
 inline constexpr double kG3[6][3] = {{1.0 / 4, 0, 0},
-                              {-1.0 / 6, -1.0 / 6, -1.0 / 6},
-                              {-1.0 / 6, 1.0 / 6, -1.0 / 6},
-                              {1.0 / 24, 1.0 / 12, 1.0 / 6},
-                              {1.0 / 24, -1.0 / 12, 1.0 / 6},
-                              {0, 0, 1}};
+                                     {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                     {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                     {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                     {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                     {0, 0, 1}};
 
 inline double g_entry(std::size_t kernel, std::size_t a, std::size_t k) {
   return kernel == 5 ? kG5[a][k] : kG3[a][k];

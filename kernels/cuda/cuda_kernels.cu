@@ -18,7 +18,7 @@ unsigned blocks_for(std::size_t count) {
       std::clamp<std::size_t>((count + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
 
-#define COHORT_GRID_STRIDE(i, count)                                                   \
+#define COHORT_GRID_STRIDE(i, count)                                                    \
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; \
        i < (count); i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
 
@@ -46,7 +46,8 @@ __global__ void row_sums_kernel(const float* g, float* db, int cols, bool accumu
   partial[threadIdx.x] = sum;
   __syncthreads();
   for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    if (static_cast<int>(threadIdx.x) < stride)
+      partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
   if (threadIdx.x == 0) db[blockIdx.x] = (accumulate ? db[blockIdx.x] : 0.0f) + partial[0];
@@ -56,7 +57,8 @@ __global__ void relu_forward_kernel(const float* x, float* y, std::size_t count)
   COHORT_GRID_STRIDE(i, count) { y[i] = fmaxf(x[i], 0.0f); }
 }
 
-__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx, std::size_t count) {
+__global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
+                                     std::size_t count) {
   COHORT_GRID_STRIDE(i, count) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 }
 
@@ -75,7 +77,8 @@ __global__ void im2col_kernel(const float* x, float* cols, int n, ConvShape g) {
     const int ix = (q % g.out_width) * g.stride + kx - g.padding;
     float v = 0.0f;
     if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width) {
-      v = x[((static_cast<std::size_t>(sample) * g.in_channels + c) * g.height + iy) * g.width + ix];
+      v = x[((static_cast<std::size_t>(sample) * g.in_channels + c) * g.height + iy) * g.width +
+            ix];
     }
     cols[i] = v;
   }
@@ -87,8 +90,10 @@ __global__ void col2im_kernel(const float* dcols, float* dx, int n, ConvShape g)
   COHORT_GRID_STRIDE(i, count) {
     const int ix = static_cast<int>(i % g.width);
     const int iy = static_cast<int>((i / g.width) % g.height);
-    const int c = static_cast<int>((i / (static_cast<std::size_t>(g.width) * g.height)) % g.in_channels);
-    const int sample = static_cast<int>(i / (static_cast<std::size_t>(g.width) * g.height * g.in_channels));
+    const int c =
+        static_cast<int>((i / (static_cast<std::size_t>(g.width) * g.height)) % g.in_channels);
+    const int sample =
+        static_cast<int>(i / (static_cast<std::size_t>(g.width) * g.height * g.in_channels));
     float sum = 0.0f;
     for (int ky = 0; ky < g.kernel; ++ky) {
       const int ty = iy + g.padding - ky;
@@ -185,8 +190,7 @@ __global__ void multiply_kernel(const float* a, const float* b, float* out, std:
 }
 
 __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels,
-                                             float* losses, float* dlogits, int rows,
-                                             int classes) {
+                                             float* losses, float* dlogits, int rows, int classes) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const float* row = logits + static_cast<std::size_t>(r) * classes;
@@ -283,16 +287,16 @@ void col2im(const float* dcols, float* dx, int n, const ConvShape& g, cudaStream
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void scatter_nchw(const float* result, const float* b, float* y, int n, int channels,
-                  int positions, bool relu, cudaStream_t s) {
+void scatter_nchw(const float* result, const float* b, float* y, int n, int channels, int positions,
+                  bool relu, cudaStream_t s) {
   const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
   scatter_nchw_kernel<<<blocks_for(count), kThreads, 0, s>>>(result, b, y, n, channels, positions,
                                                              relu);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 
-void gather_nchw(const float* dy, const float* relu_y, float* g, int n, int channels,
-                 int positions, cudaStream_t s) {
+void gather_nchw(const float* dy, const float* relu_y, float* g, int n, int channels, int positions,
+                 cudaStream_t s) {
   const std::size_t count = static_cast<std::size_t>(n) * channels * positions;
   gather_nchw_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, relu_y, g, n, channels, positions);
   COHORT_CUDA_CHECK(cudaGetLastError());

@@ -35,11 +35,11 @@ void im2col(const float* x, float* cols, int n, const ConvShape& g, cudaStream_t
 // dx (NCHW, overwritten) = col2im(dcols) for n samples.
 void col2im(const float* dcols, float* dx, int n, const ConvShape& g, cudaStream_t s);
 // y (NCHW) = result[c][(n, q)] + b[c], then max(0, .) when relu.
-void scatter_nchw(const float* result, const float* b, float* y, int n, int channels,
-                  int positions, bool relu, cudaStream_t s);
+void scatter_nchw(const float* result, const float* b, float* y, int n, int channels, int positions,
+                  bool relu, cudaStream_t s);
 // g[c][(n, q)] = dy (NCHW), masked by relu_y > 0 when relu_y != nullptr.
-void gather_nchw(const float* dy, const float* relu_y, float* g, int n, int channels,
-                 int positions, cudaStream_t s);
+void gather_nchw(const float* dy, const float* relu_y, float* g, int n, int channels, int positions,
+                 cudaStream_t s);
 
 void maxpool_forward(const float* x, float* y, std::int32_t* argmax, int n, const PoolShape& g,
                      cudaStream_t s);
@@ -66,11 +66,11 @@ void sgd_step(float* params, const float* grads, float* velocity, std::size_t co
               const SgdArgs& args, cudaStream_t s);
 
 struct AdamArgs {
-  float step_size;      // lr / (1 - b1^t)
-  float inv_sqrt_bc2;   // 1 / sqrt(1 - b2^t)
+  float step_size;     // lr / (1 - b1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - b2^t)
   float beta1, beta2, epsilon;
-  float l2;             // Adam: weight decay added to the gradient; AdamW: 0
-  float shrink;         // AdamW: 1 - lr * wd; Adam: 1
+  float l2;      // Adam: weight decay added to the gradient; AdamW: 0
+  float shrink;  // AdamW: 1 - lr * wd; Adam: 1
 };
 void adam_step(float* params, const float* grads, float* m, float* v, std::size_t count,
                const AdamArgs& args, cudaStream_t s);

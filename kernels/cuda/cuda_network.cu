@@ -66,13 +66,15 @@ class CudaNetwork final : public Network {
       }
       Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
       if (l.kind == LayerKind::kConv2d) {
-        op.conv = {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
-                   to_int(l.out), to_int(l.kernel), to_int(l.stride), to_int(l.padding),
-                   to_int(l.output.height), to_int(l.output.width)};
+        op.conv = {to_int(l.input.channels), to_int(l.input.height),
+                   to_int(l.input.width),    to_int(l.out),
+                   to_int(l.kernel),         to_int(l.stride),
+                   to_int(l.padding),        to_int(l.output.height),
+                   to_int(l.output.width)};
       }
       if (l.kind == LayerKind::kMaxPool2d) {
         op.pool = {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
-                   to_int(l.kernel), to_int(l.stride), to_int(l.output.height),
+                   to_int(l.kernel),         to_int(l.stride),       to_int(l.output.height),
                    to_int(l.output.width)};
       }
       ops_.push_back(op);
@@ -226,8 +228,8 @@ class CudaNetwork final : public Network {
 
   void copy_to_device(void* dst, const void* src, std::size_t count_floats) {
     if (count_floats == 0) return;
-    COHORT_CUDA_CHECK(cudaMemcpyAsync(dst, src, count_floats * sizeof(float),
-                                      cudaMemcpyHostToDevice, stream()));
+    COHORT_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, count_floats * sizeof(float), cudaMemcpyHostToDevice, stream()));
   }
 
   void check_labels(std::span<const std::int32_t> labels) const {
@@ -326,15 +328,9 @@ class CudaNetwork final : public Network {
                to_int(l.in), y, to_int(l.out), 0.0f);
           add_bias_rows(y, b, n, to_int(l.out), op.relu, s);
           break;
-        case LayerKind::kConv2d:
-          conv_forward(op, x, w, b, y, batch);
-          break;
-        case LayerKind::kRelu:
-          relu_forward(x, y, batch * op.out_size, s);
-          break;
-        case LayerKind::kMaxPool2d:
-          maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s);
-          break;
+        case LayerKind::kConv2d: conv_forward(op, x, w, b, y, batch); break;
+        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size, s); break;
+        case LayerKind::kMaxPool2d: maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s); break;
         case LayerKind::kDropout:
           if (training && l.drop_probability > 0.0f) {
             dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
@@ -343,8 +339,7 @@ class CudaNetwork final : public Network {
             y = const_cast<float*>(x);  // identity
           }
           break;
-        case LayerKind::kFlatten:
-          break;
+        case LayerKind::kFlatten: break;
       }
       out_ptrs_[i] = y;
       x = y;
@@ -387,8 +382,8 @@ class CudaNetwork final : public Network {
            cols_.data(), ld, dw, g.patch(), first ? 0.0f : 1.0f);
       row_sums(result_.data(), db, g.out_channels, ld, !first, stream());
       if (dx != nullptr) {
-        gemm(blas_->get(), true, false, g.patch(), ld, g.out_channels, w, g.patch(),
-             result_.data(), ld, dcols_.data(), ld, 0.0f);
+        gemm(blas_->get(), true, false, g.patch(), ld, g.out_channels, w, g.patch(), result_.data(),
+             ld, dcols_.data(), ld, 0.0f);
         col2im(dcols_.data(), dx + c0 * in_size, m, g, stream());
       }
     }
@@ -436,12 +431,11 @@ class CudaNetwork final : public Network {
           if (l.drop_probability > 0.0f) {
             dropout_backward(dy, masks_[i].data(), want_dx, count, s);
           } else {
-            COHORT_CUDA_CHECK(cudaMemcpyAsync(want_dx, dy, count * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, s));
+            COHORT_CUDA_CHECK(
+                cudaMemcpyAsync(want_dx, dy, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
           }
           break;
-        case LayerKind::kFlatten:
-          break;
+        case LayerKind::kFlatten: break;
       }
       std::swap(dx, dy);
     }
@@ -460,16 +454,15 @@ class CudaNetwork final : public Network {
       // Host-side scalars exactly as adam_step() in optimizer.cc computes them.
       const double td = static_cast<double>(t);
       const bool decoupled = o.kind == OptimizerKind::kAdamW;
-      const AdamArgs args{
-          .step_size = static_cast<float>(o.learning_rate /
-                                          (1.0 - std::pow(static_cast<double>(o.beta1), td))),
-          .inv_sqrt_bc2 = static_cast<float>(
-              1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td))),
-          .beta1 = o.beta1,
-          .beta2 = o.beta2,
-          .epsilon = o.epsilon,
-          .l2 = decoupled ? 0.0f : o.weight_decay,
-          .shrink = decoupled ? 1.0f - o.learning_rate * o.weight_decay : 1.0f};
+      const AdamArgs args{.step_size = static_cast<float>(
+                              o.learning_rate / (1.0 - std::pow(static_cast<double>(o.beta1), td))),
+                          .inv_sqrt_bc2 = static_cast<float>(
+                              1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(o.beta2), td))),
+                          .beta1 = o.beta1,
+                          .beta2 = o.beta2,
+                          .epsilon = o.epsilon,
+                          .l2 = decoupled ? 0.0f : o.weight_decay,
+                          .shrink = decoupled ? 1.0f - o.learning_rate * o.weight_decay : 1.0f};
       adam_step(params_.data(), grads_.data(), optimizer_state_.data(),
                 optimizer_state_.data() + count, count, args, stream());
     }
@@ -477,8 +470,8 @@ class CudaNetwork final : public Network {
   }
 
   int ordinal_;
-  std::unique_ptr<Stream> stream_;       // created after selecting the device
-  std::unique_ptr<CublasHandle> blas_;   // bound to stream_
+  std::unique_ptr<Stream> stream_;      // created after selecting the device
+  std::unique_ptr<CublasHandle> blas_;  // bound to stream_
   std::vector<Op> ops_;
 
   DeviceBuffer<float> params_, grads_, optimizer_state_;

@@ -20,22 +20,21 @@ namespace cohort::kernels::cuda {
 
 // Converts a failed CUDA runtime call to KernelError naming the call, error and place. Use after
 // every launch too: COHORT_CUDA_CHECK(cudaGetLastError()).
-#define COHORT_CUDA_CHECK(expr)                                                         \
-  do {                                                                                  \
-    const cudaError_t cohort_cuda_status_ = (expr);                                     \
-    if (cohort_cuda_status_ != cudaSuccess) {                                           \
-      ::cohort::kernels::cuda::throw_cuda_error(cohort_cuda_status_, #expr, __FILE__,   \
-                                                __LINE__);                              \
-    }                                                                                   \
+#define COHORT_CUDA_CHECK(expr)                                                                  \
+  do {                                                                                           \
+    const cudaError_t cohort_cuda_status_ = (expr);                                              \
+    if (cohort_cuda_status_ != cudaSuccess) {                                                    \
+      ::cohort::kernels::cuda::throw_cuda_error(cohort_cuda_status_, #expr, __FILE__, __LINE__); \
+    }                                                                                            \
   } while (false)
 
-#define COHORT_CUBLAS_CHECK(expr)                                                       \
-  do {                                                                                  \
-    const cublasStatus_t cohort_cublas_status_ = (expr);                                \
-    if (cohort_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
-      ::cohort::kernels::cuda::throw_cublas_error(cohort_cublas_status_, #expr,         \
-                                                  __FILE__, __LINE__);                  \
-    }                                                                                   \
+#define COHORT_CUBLAS_CHECK(expr)                                                         \
+  do {                                                                                    \
+    const cublasStatus_t cohort_cublas_status_ = (expr);                                  \
+    if (cohort_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                 \
+      ::cohort::kernels::cuda::throw_cublas_error(cohort_cublas_status_, #expr, __FILE__, \
+                                                  __LINE__);                              \
+    }                                                                                     \
   } while (false)
 
 namespace cohort::kernels::cuda {

@@ -1,8 +1,8 @@
-// Data-parallel training (ALGORITHMS.md section 3). A worker's clock is the number of gradients
-// it has pushed. Worker p pulls with its clock c in Pull.min_version; the pull is answered when
-// c - min_q c_q <= s (BSP: s = 0, ASP: always). ASP and SSP apply each gradient as it completes;
-// BSP buffers the n gradients of a step and applies their sum in a fixed (worker id) order, so a
-// run is bit-reproducible.
+// Data-parallel training (docs/ALGORITHMS.md section 3). A worker's clock is the number of
+// gradients it has pushed. Worker p pulls with its clock c in Pull.min_version; the pull is
+// answered when c - min_q c_q <= s (BSP: s = 0, ASP: always). ASP and SSP apply each gradient as it
+// completes; BSP buffers the n gradients of a step and applies their sum in a fixed (worker id)
+// order, so a run is bit-reproducible.
 
 #include <algorithm>
 #include <deque>

@@ -1,4 +1,4 @@
-// FedBuff (ALGORITHMS.md 1.6): deltas are folded in as they stream, weighted by
+// FedBuff (docs/ALGORITHMS.md 1.6): deltas are folded in as they stream, weighted by
 // s(tau) = 1/sqrt(1 + tau) where tau is the staleness (versions since the client's pull); the
 // coordinator steps every shard together once K updates are in: the model moves by
 // eta_g * (1/K) * sum and the version increments. Updates staler than server.max_staleness

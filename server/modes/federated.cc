@@ -1,6 +1,6 @@
-// Federated rounds (ALGORITHMS.md section 1): the coordinator opens a round with its selection,
-// the selected clients push deltas that stream into the aggregation rule, and the round closes
-// in two phases (the rule's aggregate, DP noise, the server optimizer's step).
+// Federated rounds (docs/ALGORITHMS.md section 1): the coordinator opens a round with its
+// selection, the selected clients push deltas that stream into the aggregation rule, and the round
+// closes in two phases (the rule's aggregate, DP noise, the server optimizer's step).
 
 #include <random>
 #include <set>

@@ -1,4 +1,4 @@
-// The shard's policy for each server.mode (ALGORITHMS.md): one class per mode, each in its own
+// The shard's policy for each server.mode (docs/ALGORITHMS.md): one class per mode, each in its own
 // file, made here. Each works on the ShardCore it is given, which must outlive it.
 #pragma once
 

@@ -155,11 +155,13 @@ Backend backend_for(AeadBackend wanted) {
   }
   if (!best_available().ipsec_mb) {
 #if COHORT_HAVE_IPSEC_MB
-    throw ConfigError("transport.aead = ipsec-mb, but this CPU has no AES-NI for ipsec-mb: "
-                      "use auto or openssl");
+    throw ConfigError(
+        "transport.aead = ipsec-mb, but this CPU has no AES-NI for ipsec-mb: "
+        "use auto or openssl");
 #else
-    throw ConfigError("transport.aead = ipsec-mb, but this build has no ipsec-mb (install "
-                      "libipsec-mb-dev on amd64 and rebuild): use auto or openssl");
+    throw ConfigError(
+        "transport.aead = ipsec-mb, but this build has no ipsec-mb (install "
+        "libipsec-mb-dev on amd64 and rebuild): use auto or openssl");
 #endif
   }
   return best_available();
@@ -256,8 +258,7 @@ bool FrameCipher::open(std::uint64_t counter, std::uint32_t frame_index,
 }
 
 bool FrameCipher::open_in_place(std::uint64_t counter, std::uint32_t frame_index,
-                                std::span<const std::byte> aad,
-                                std::span<std::byte> sealed) const {
+                                std::span<const std::byte> aad, std::span<std::byte> sealed) const {
   if (sealed.size() < kTagBytes) {
     if (!sealed.empty()) OPENSSL_cleanse(sealed.data(), sealed.size());
     return false;
@@ -285,9 +286,8 @@ bool FrameCipher::open_into(std::uint64_t counter, std::uint32_t frame_index,
       IMB_MGR* mgr = thread_manager();
       gcm_context_data ctx;
       unsigned char computed[kTagBytes];
-      IMB_AES256_GCM_DEC(mgr, &keys_->expanded, &ctx, u8(out.data()), u8(sealed.data()),
-                         text_bytes, nonce.data(), u8(aad.data()), aad.size(), computed,
-                         kTagBytes);
+      IMB_AES256_GCM_DEC(mgr, &keys_->expanded, &ctx, u8(out.data()), u8(sealed.data()), text_bytes,
+                         nonce.data(), u8(aad.data()), aad.size(), computed, kTagBytes);
       OPENSSL_cleanse(&ctx, sizeof ctx);
       ok = imb_get_errno(mgr) == 0 && CRYPTO_memcmp(computed, tag, kTagBytes) == 0;
     } else
@@ -299,8 +299,7 @@ bool FrameCipher::open_into(std::uint64_t counter, std::uint32_t frame_index,
       ok = EVP_DecryptInit_ex(ctx, nullptr, nullptr, keys_->raw.data(), nonce.data()) == 1 &&
            update_all(EVP_DecryptUpdate, ctx, nullptr, aad) &&
            update_all(EVP_DecryptUpdate, ctx, out.data(), sealed.first(text_bytes)) &&
-           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(kTagBytes), tag) ==
-               1 &&
+           EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, static_cast<int>(kTagBytes), tag) == 1 &&
            EVP_DecryptFinal_ex(ctx, final_block, &final_bytes) == 1 && final_bytes == 0;
     }
   } catch (const Error&) {  // state allocation failed: report as "not authentic", per contract

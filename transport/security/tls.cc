@@ -172,12 +172,9 @@ struct Handshake::Impl {
              (queue.empty() ? "" : " (" + queue + ")");
     }
     switch (err) {
-      case SSL_ERROR_SSL:
-        return queue.empty() ? "protocol error" : queue;
-      case SSL_ERROR_ZERO_RETURN:
-        return "peer closed the TLS session";
-      case SSL_ERROR_SYSCALL:
-        return queue.empty() ? "unexpected end of handshake data" : queue;
+      case SSL_ERROR_SSL: return queue.empty() ? "protocol error" : queue;
+      case SSL_ERROR_ZERO_RETURN: return "peer closed the TLS session";
+      case SSL_ERROR_SYSCALL: return queue.empty() ? "unexpected end of handshake data" : queue;
       default:
         return "unexpected OpenSSL state " + std::to_string(err) +
                (queue.empty() ? "" : ": " + queue);

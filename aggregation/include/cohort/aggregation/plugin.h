@@ -1,5 +1,5 @@
 // Plug-ins: a shared object that the stock binaries load (cohort-server --plugin FILE) to add
-// rules to the registries without rebuilding Cohort. This is the only dlopen seam (STYLE.md,
+// rules to the registries without rebuilding Cohort. This is the only dlopen seam (docs/STYLE.md,
 // section 2).
 //
 // A plug-in is a shared library (CMake: add_library(my_rule MODULE my_rule.cc) linking

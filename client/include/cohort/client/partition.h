@@ -1,4 +1,4 @@
-// Splitting a dataset across federated clients, IID or not (ALGORITHMS.md section 9).
+// Splitting a dataset across federated clients, IID or not (docs/ALGORITHMS.md section 9).
 //
 // Every partitioner takes the dataset's labels (or its size), the number of clients, its own
 // parameters and a seed; it is deterministic for a seed (core/random.h, no global RNG) and

@@ -67,7 +67,8 @@ class ShardLinks {
   virtual ~ShardLinks() = default;
   [[nodiscard]] virtual std::size_t size() const = 0;
   // Throws TransportError when the shard cannot be reached now (exchange() retries later).
-  virtual void send(std::size_t shard, transport::Envelope envelope, transport::Payload payload) = 0;
+  virtual void send(std::size_t shard, transport::Envelope envelope,
+                    transport::Payload payload) = 0;
   virtual std::optional<transport::Message> receive(std::size_t shard,
                                                     std::chrono::milliseconds wait) = 0;
   // Waits up to `wait` until one of `shards` has a message (or a chunk of one) ready; returns
@@ -123,13 +124,13 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
               const AcceptAnswer& accept, const ExchangeOptions& options);
 
 // Pulls every shard's range into `params` (the flat model). False at the deadline or on stop.
-bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards, const Clock& clock,
-              std::uint64_t round, std::uint64_t min_version, std::span<float> params,
-              const ExchangeOptions& options);
+bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
+              const Clock& clock, std::uint64_t round, std::uint64_t min_version,
+              std::span<float> params, const ExchangeOptions& options);
 
 struct PushOutcome {
-  bool answered = false;             // every shard acknowledged before the deadline
-  std::vector<std::string> refusals; // the reasons of the shards that refused
+  bool answered = false;              // every shard acknowledged before the deadline
+  std::vector<std::string> refusals;  // the reasons of the shards that refused
   [[nodiscard]] bool accepted() const { return answered && refusals.empty(); }
 };
 
@@ -151,10 +152,9 @@ class ShardClient final : public ShardLinks {
 
   // Sends Register and waits up to `wait` for the Welcome. RoundStart messages that arrive first
   // go to `other`; an ErrorBody ends the wait (its text is returned in `refusal`).
-  std::optional<transport::Welcome> register_once(const transport::Register& r,
-                                                  std::chrono::milliseconds wait,
-                                                  const std::function<void(transport::Message&&)>& other,
-                                                  std::string* refusal = nullptr);
+  std::optional<transport::Welcome> register_once(
+      const transport::Register& r, std::chrono::milliseconds wait,
+      const std::function<void(transport::Message&&)>& other, std::string* refusal = nullptr);
 
   // Connects to the Welcome's shards (shard 0 through the coordinator). Endpoints of an earlier
   // layout are closed.
@@ -173,7 +173,8 @@ class ShardClient final : public ShardLinks {
 
   [[nodiscard]] std::size_t size() const override { return shards_.size(); }
   void send(std::size_t shard, transport::Envelope envelope, transport::Payload payload) override;
-  std::optional<transport::Message> receive(std::size_t shard, std::chrono::milliseconds wait) override;
+  std::optional<transport::Message> receive(std::size_t shard,
+                                            std::chrono::milliseconds wait) override;
   int wait_any(std::span<const std::size_t> shards, std::chrono::milliseconds wait) override;
 
  private:

@@ -2,8 +2,8 @@
 //
 // LocalTrainer runs E epochs (or exactly S steps) of minibatch training over an index list, with a
 // fresh shuffle per epoch drawn from the caller's seed, a learning-rate schedule, the configured
-// optimizer, and optionally FedProx's proximal term (ALGORITHMS.md section 1.4): with mu > 0 the
-// gradient of every step gets mu * (w - w_start) added, where w_start is the model at the start
+// optimizer, and optionally FedProx's proximal term (docs/ALGORITHMS.md section 1.4): with mu > 0
+// the gradient of every step gets mu * (w - w_start) added, where w_start is the model at the start
 // of train() (the global model x_t the round began from).
 //
 // It works through the device-neutral kernels interface, so the same code trains on "cpu" or

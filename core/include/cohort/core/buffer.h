@@ -135,7 +135,7 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   void give_back(std::unique_ptr<PooledBuffer::Block> block) noexcept;
 
   std::size_t max_cached_bytes_;
-  mutable std::mutex mu_;  // guards free_ and stats_
+  mutable std::mutex mu_;                                                // guards free_ and stats_
   std::vector<std::vector<std::unique_ptr<PooledBuffer::Block>>> free_;  // by size class
   Stats stats_;
 };

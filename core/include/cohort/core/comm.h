@@ -1,5 +1,5 @@
 // Point-to-point messaging between the ranks of a group: the seam collectives and gossip talk
-// through (DESIGN.md "Layout"). transport/ implements it over ZeroMQ (ZmqComm); tests and
+// through (docs/DESIGN.md "Layout"). transport/ implements it over ZeroMQ (ZmqComm); tests and
 // in-process simulations use InMemoryNetwork, so every algorithm runs without sockets.
 //
 // Semantics every implementation keeps:

@@ -1,4 +1,4 @@
-// Cohort's one error policy (STYLE.md section 3).
+// Cohort's one error policy (docs/STYLE.md section 3).
 //
 // A failure that stops the current operation throws a subclass of cohort::Error. An outcome the
 // caller handles routinely (a rejected update, a missing quorum, a lookup miss) is a return value.
@@ -74,9 +74,9 @@ namespace detail {
 }  // namespace cohort
 
 // COHORT_CHECK(cond) << "context"; throws InternalError naming the condition, file and line.
-#define COHORT_CHECK(cond)                                                            \
-  if (cond) {                                                                         \
-  } else                                                                              \
+#define COHORT_CHECK(cond) \
+  if (cond) {              \
+  } else                   \
     ::cohort::detail::CheckMessage(#cond, __FILE__, __LINE__)
 
 namespace cohort::detail {

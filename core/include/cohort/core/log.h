@@ -41,7 +41,7 @@ class LogLine {
 
 }  // namespace cohort
 
-#define COHORT_LOG(level)                                       \
-  if (!::cohort::log_enabled(::cohort::LogLevel::level)) {      \
-  } else                                                        \
+#define COHORT_LOG(level)                                  \
+  if (!::cohort::log_enabled(::cohort::LogLevel::level)) { \
+  } else                                                   \
     ::cohort::detail::LogLine(::cohort::LogLevel::level, __FILE__, __LINE__)

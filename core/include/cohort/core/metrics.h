@@ -7,10 +7,10 @@
 #include <initializer_list>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-#include <string_view>
 
 namespace cohort {
 

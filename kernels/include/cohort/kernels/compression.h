@@ -1,4 +1,4 @@
-// Compression kernels over flat float spans (ALGORITHMS.md section 7): top-k selection, QSGD
+// Compression kernels over flat float spans (docs/ALGORITHMS.md section 7): top-k selection, QSGD
 // stochastic quantisation and fp16 / bf16 casts. Error feedback, packing and wire formats belong
 // to the compressors in aggregation/; these are the hot loops.
 //
@@ -19,14 +19,14 @@ namespace cohort::kernels {
 void top_k(std::span<const float> x, std::size_t k, std::span<std::uint32_t> indices,
            std::span<float> values);
 
-// QSGD (ALGORITHMS.md 7.2) with s = levels, in buckets of bucket_size consecutive coordinates
+// QSGD (docs/ALGORITHMS.md 7.2) with s = levels, in buckets of bucket_size consecutive coordinates
 // (0: the whole vector is one bucket). Per bucket the scale is ||bucket||_2 (kL2, the paper's) or
 // max_j |x_j| (kMaxAbs, unbiased too, lower variance); per element the signed level
 // l in [-s, s], so that the decoded value is scale * l / s and E[decoded] = x.
 enum class QsgdNorm { kL2, kMaxAbs };
 struct QsgdOptions {
-  std::uint32_t levels = 255;      // s; REQUIRES 1 <= s <= 32767
-  std::size_t bucket_size = 0;     // 0: one bucket
+  std::uint32_t levels = 255;   // s; REQUIRES 1 <= s <= 32767
+  std::size_t bucket_size = 0;  // 0: one bucket
   QsgdNorm norm = QsgdNorm::kL2;
 };
 

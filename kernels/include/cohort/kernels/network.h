@@ -46,11 +46,11 @@ struct LayerSpec {
   LayerKind kind = LayerKind::kRelu;
   Shape input;
   Shape output;
-  std::size_t in = 0;        // linear: in features; conv2d: in channels
-  std::size_t out = 0;       // linear: out features; conv2d: out channels
-  std::size_t kernel = 0;    // conv2d, maxpool2d: square kernel side
-  std::size_t stride = 1;    // conv2d, maxpool2d
-  std::size_t padding = 0;   // conv2d: zero padding on every side
+  std::size_t in = 0;             // linear: in features; conv2d: in channels
+  std::size_t out = 0;            // linear: out features; conv2d: out channels
+  std::size_t kernel = 0;         // conv2d, maxpool2d: square kernel side
+  std::size_t stride = 1;         // conv2d, maxpool2d
+  std::size_t padding = 0;        // conv2d: zero padding on every side
   float drop_probability = 0.0f;  // dropout: probability of zeroing an element while training
   std::size_t weight_offset = 0;  // into the parameter vector; meaningful when weight_count > 0
   std::size_t weight_count = 0;
@@ -60,8 +60,8 @@ struct LayerSpec {
 
 // A named range of the parameter (and gradient) vector.
 struct LayerView {
-  std::string name;        // e.g. "0.conv2d" (layer_views) or "0.conv2d.weight" (tensor_views)
-  std::size_t layer = 0;   // index into NetworkSpec::layers()
+  std::string name;       // e.g. "0.conv2d" (layer_views) or "0.conv2d.weight" (tensor_views)
+  std::size_t layer = 0;  // index into NetworkSpec::layers()
   std::size_t offset = 0;
   std::size_t size = 0;
 };

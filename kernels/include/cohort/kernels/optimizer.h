@@ -29,10 +29,10 @@ std::string_view to_string(OptimizerKind kind);
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kSgd;
   float learning_rate = 0.01f;
-  float momentum = 0.0f;       // SGD only; 0 disables the velocity buffer
-  bool nesterov = false;       // SGD only; REQUIRES momentum > 0
-  float weight_decay = 0.0f;   // SGD, Adam: L2 term added to the gradient; AdamW: decoupled
-  float beta1 = 0.9f;          // Adam, AdamW
+  float momentum = 0.0f;      // SGD only; 0 disables the velocity buffer
+  bool nesterov = false;      // SGD only; REQUIRES momentum > 0
+  float weight_decay = 0.0f;  // SGD, Adam: L2 term added to the gradient; AdamW: decoupled
+  float beta1 = 0.9f;         // Adam, AdamW
   float beta2 = 0.999f;
   float epsilon = 1e-8f;
 };

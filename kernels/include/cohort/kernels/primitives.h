@@ -2,9 +2,9 @@
 //
 // All functions run on the host, vectorised (Eigen). Sizes must match exactly: a mismatch throws
 // KernelError naming both sizes. Sums over many buffers accumulate in double in a fixed order, so
-// results do not depend on the thread count (ALGORITHMS.md section 0, numerics policy). Functions
-// that take a ThreadPool split the coordinates over it (nullptr: the calling thread only); do not
-// call them from a task running on that same pool.
+// results do not depend on the thread count (docs/ALGORITHMS.md section 0, numerics policy).
+// Functions that take a ThreadPool split the coordinates over it (nullptr: the calling thread
+// only); do not call them from a task running on that same pool.
 #pragma once
 
 #include <cstddef>

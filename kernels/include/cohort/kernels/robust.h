@@ -1,4 +1,4 @@
-// Coordinate-wise robust statistics over many equally long float buffers (ALGORITHMS.md
+// Coordinate-wise robust statistics over many equally long float buffers (docs/ALGORITHMS.md
 // section 2): the building blocks of the median and trimmed-mean aggregation rules.
 //
 // Each output coordinate depends only on that coordinate of the inputs, so results do not depend

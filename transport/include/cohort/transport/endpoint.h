@@ -76,16 +76,17 @@ struct SecurityOptions {
 struct EndpointOptions {
   NodeId node_id;  // our id; under TLS it must equal our certificate's CN
   SecurityOptions security;
-  std::size_t chunk_bytes = std::size_t{1} << 20;    // 1 MiB: overlaps recv, open and aggregate
+  std::size_t chunk_bytes = std::size_t{1} << 20;  // 1 MiB: overlaps recv, open and aggregate
   std::uint64_t max_payload_bytes = std::uint64_t{4} << 30;
-  std::size_t max_open_transfers = 64;               // per peer
-  bool deliver_chunks = false;                       // see header comment
-  ThreadPool* pool = nullptr;                        // seals chunks in parallel; null: inline
-  std::shared_ptr<BufferPool> buffers;               // null: the endpoint makes its own
+  std::size_t max_open_transfers = 64;  // per peer
+  bool deliver_chunks = false;          // see header comment
+  ThreadPool* pool = nullptr;           // seals chunks in parallel; null: inline
+  std::shared_ptr<BufferPool> buffers;  // null: the endpoint makes its own
   std::chrono::milliseconds handshake_timeout{10000};
-  std::chrono::milliseconds send_timeout{30000};     // blocked longer than this: TimeoutError
-  std::chrono::milliseconds transfer_timeout{60000}; // a half-received payload with no chunk for this long is dropped
-  int heartbeat_ms = 1000;                           // ZMTP heartbeats; peer dead after 5x
+  std::chrono::milliseconds send_timeout{30000};  // blocked longer than this: TimeoutError
+  std::chrono::milliseconds transfer_timeout{
+      60000};                // a half-received payload with no chunk for this long is dropped
+  int heartbeat_ms = 1000;   // ZMTP heartbeats; peer dead after 5x
   int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
   // ROUTER: records queued inside ZeroMQ across all peers, shared out as budget / peers per peer,
   // from 1 to receive_queue, as peers connect and their sessions expire (0: receive_queue for
@@ -115,11 +116,11 @@ struct Payload {
 // A received message, or with deliver_chunks one chunk of one.
 struct Message {
   PeerHandle peer;
-  NodeId sender;          // authenticated under TLS; as claimed otherwise
-  Envelope envelope;      // the head envelope of the transfer (its real body)
-  std::uint64_t offset = 0;   // where `payload` starts within the whole payload
-  PooledBuffer payload;       // all of it, or this chunk of it
-  bool complete = true;       // false for all but the last chunk of a streamed transfer
+  NodeId sender;             // authenticated under TLS; as claimed otherwise
+  Envelope envelope;         // the head envelope of the transfer (its real body)
+  std::uint64_t offset = 0;  // where `payload` starts within the whole payload
+  PooledBuffer payload;      // all of it, or this chunk of it
+  bool complete = true;      // false for all but the last chunk of a streamed transfer
 };
 
 struct EndpointStats {
@@ -155,7 +156,8 @@ class Endpoint {
   // payload fields of `envelope`. On a DEALER `peer` is ignored; before the handshake completes
   // messages are queued. Returns the seq given to the message, or nullopt when a ROUTER's peer is
   // gone. Throws TimeoutError when ZeroMQ stays full past send_timeout.
-  std::optional<std::uint64_t> send(const PeerHandle& peer, Envelope envelope, Payload payload = {});
+  std::optional<std::uint64_t> send(const PeerHandle& peer, Envelope envelope,
+                                    Payload payload = {});
 
   // Waits up to `timeout` for the next complete message (or chunk). Handshakes, chunk reassembly
   // and drops of bad records happen inside. Returns nullopt on timeout.

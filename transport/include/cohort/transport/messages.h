@@ -1,7 +1,7 @@
 // The protocol's messages as plain C++ values, and their encoding to and from the wire.
 //
 // schema/cohort.capnp is the only definition of the wire; these structs mirror it field for field
-// so that server and client code never touch Cap'n Proto types (STYLE.md: decode at the seam).
+// so that server and client code never touch Cap'n Proto types (docs/STYLE.md: decode at the seam).
 // encode() writes a flat Cap'n Proto message; decode() reads one with explicit traversal and
 // nesting limits and throws ProtocolError for anything malformed, oversized or out of range.
 #pragma once
@@ -23,13 +23,28 @@ inline constexpr std::size_t kMaxEnvelopeBytes = 64 * 1024;
 
 enum class Role : std::uint8_t { kClient, kShard, kPeer, kObserver };
 enum class Encoding : std::uint8_t {
-  kDenseF32, kDenseF16, kDenseBf16, kInt8, kQsgd, kTopK, kRandomK, kSign, kPowerSgd
+  kDenseF32,
+  kDenseF16,
+  kDenseBf16,
+  kInt8,
+  kQsgd,
+  kTopK,
+  kRandomK,
+  kSign,
+  kPowerSgd
 };
 enum class PushKind : std::uint8_t { kDelta, kGradient };
 enum class TrainingMode : std::uint8_t { kFederated, kDataParallel, kBuffered };
 enum class ErrorCode : std::uint8_t {
-  kMalformed, kVersionMismatch, kUnauthorized, kUnknownNode, kBadRange, kTooLarge, kLateOrStale,
-  kInternal, kShuttingDown
+  kMalformed,
+  kVersionMismatch,
+  kUnauthorized,
+  kUnknownNode,
+  kBadRange,
+  kTooLarge,
+  kLateOrStale,
+  kInternal,
+  kShuttingDown
 };
 
 struct Register {

@@ -1,5 +1,5 @@
 // AllReduce (sum) over a Comm: ring (reduce-scatter + all-gather, chunked and pipelined) and
-// recursive doubling (with the fold step for n not a power of two); ALGORITHMS.md section 4.
+// recursive doubling (with the fold step for n not a power of two); docs/ALGORITHMS.md section 4.
 //
 // Ring: the vector is cut into n chunks whose sizes differ by at most one element, each chunk into
 // segments of at most segment_bytes. A rank sends its own chunk's segments, then forwards every

@@ -1,5 +1,5 @@
 // Decentralized optimizers: a local step plus mixing with neighbours through Gossip (the
-// DecentralizedOptimizer plug-in; ALGORITHMS.md 5.2, 5.4, 6.1, 6.2, 7.7).
+// DecentralizedOptimizer plug-in; docs/ALGORITHMS.md 5.2, 5.4, 6.1, 6.2, 7.7).
 //
 // The caller owns the model x and computes gradients; each step():
 //   1. takes g = grad F_i(at eval_point()) (weight decay lambda x is added here),

@@ -1,5 +1,5 @@
 // One node's side of gossip over a Comm and a Topology: the exchanges every decentralized
-// optimizer is built from (ALGORITHMS.md 5.1, 5.4, 7.7).
+// optimizer is built from (docs/ALGORITHMS.md 5.1, 5.4, 7.7).
 //
 // Each exchange is tagged with its step (tag_base + step), so messages of different steps never
 // mix. Two kinds of absence:

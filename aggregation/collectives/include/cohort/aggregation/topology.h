@@ -1,4 +1,4 @@
-// Communication graphs and their mixing matrices (the Topology plug-in; ALGORITHMS.md 5.1).
+// Communication graphs and their mixing matrices (the Topology plug-in; docs/ALGORITHMS.md 5.1).
 //
 // W[i][j] is the weight node i gives to node j's model: x_i <- sum_j W_ij x_j. Node i receives
 // from every j with W_ij > 0 and sends to every j with W_ji > 0. A Topology is immutable and

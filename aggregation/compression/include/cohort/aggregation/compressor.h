@@ -1,4 +1,4 @@
-// Compression of updates (the Compressor plug-in; ALGORITHMS.md section 7).
+// Compression of updates (the Compressor plug-in; docs/ALGORITHMS.md section 7).
 //
 // A Compressor turns a float span into the bytes of a named wire encoding and back. It is an
 // immutable algorithm plus options: encode() and decode() are const and thread-safe. Anything

@@ -1,4 +1,4 @@
-// Error feedback (ALGORITHMS.md 7.1, Karimireddy et al. 2019; Stich et al. 2018) around any
+// Error feedback (docs/ALGORITHMS.md 7.1, Karimireddy et al. 2019; Stich et al. 2018) around any
 // compressor C, in the Cohort default form (7.1-7.4) with the update already scaled:
 //   p = x + e;  send C(p);  e <- p - decode(C(p))        (e_0 = 0)
 // so that what was sent plus the new residual equals the input plus the old residual: over T

@@ -1,4 +1,4 @@
-// PowerSGD (ALGORITHMS.md 7.4, Vogels et al. 2019) as a per-client Compressor.
+// PowerSGD (docs/ALGORITHMS.md 7.4, Vogels et al. 2019) as a per-client Compressor.
 //
 // Matrix view: a flat update of d elements is read row-major as an a x b matrix M with
 // b = cols (option; 0 means ceil(sqrt(d))), capped at d, and a = ceil(d / b), the last row padded
@@ -12,7 +12,7 @@
 //   P = M Q;  P^ = orthonormalise(P);  Q' = M^T P^;  send (P^, Q');  decoded = P^ Q'^T
 // Q is the client's previous Q' (warm start, in its CompressorState), or i.i.d. N(0, 1) from the
 // encode() seed on the first call. Orthonormalisation runs two Gram-Schmidt passes in double: one
-// pass turns rounding noise into non-orthogonal columns when rank(M) < r (ALGORITHMS.md 7.4).
+// pass turns rounding noise into non-orthogonal columns when rank(M) < r (docs/ALGORITHMS.md 7.4).
 // decoded = P^ P^^T M, the projection of M on r directions: exact for rank(M) <= r, biased
 // otherwise, hence the error-feedback default (the (7.8)/(7.12) residual).
 #pragma once

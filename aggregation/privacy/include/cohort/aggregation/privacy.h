@@ -1,4 +1,4 @@
-// Client-level differential privacy (ALGORITHMS.md 8.3, DP-FedAvg) and its accounting (8.4).
+// Client-level differential privacy (docs/ALGORITHMS.md 8.3, DP-FedAvg) and its accounting (8.4).
 //
 // Mechanism: every client's update is clipped to L2 norm S (clip_l2), the server sums or averages
 // them and adds Gaussian noise of standard deviation z S / (q W) to the average

@@ -1,4 +1,4 @@
-// Secure aggregation with pairwise masks (ALGORITHMS.md 8.1; Bonawitz et al. 2017), minus the
+// Secure aggregation with pairwise masks (docs/ALGORITHMS.md 8.1; Bonawitz et al. 2017), minus the
 // transport: the four rounds are methods that take and return plain structs, and the lead's
 // server and client carry them as messages. The server learns the sum of the survivors' inputs
 // and nothing else, as long as fewer than `threshold` parties collude with it; clients may drop at
@@ -86,7 +86,7 @@ struct Share {
 [[nodiscard]] std::vector<std::uint8_t> shamir_combine(std::span<const Share> shares,
                                                        std::size_t secret_bytes);
 
-// Fixed-point encoding of floats into Z_{2^32} (Flower SecAgg+, ALGORITHMS.md 8.2):
+// Fixed-point encoding of floats into Z_{2^32} (Flower SecAgg+, docs/ALGORITHMS.md 8.2):
 //   q = round((clip(x, -c, c) + c) Q / (2c)) in [0, Q]
 // and a sum of n encodings decodes as (2c/Q) sum - n c. n Q < 2^32 must hold so that the sum
 // does not wrap: with the defaults c = 8, Q = 2^22 at most 1023 inputs. Deterministic rounding

@@ -29,9 +29,9 @@ namespace cohort::aggregation {
 // One piece of one client's update, already decoded by the shard.
 struct UpdateChunk {
   ClientId client = 0;
-  std::size_t offset = 0;            // first element, relative to the shard's range
-  std::span<const float> values;     // valid only during accept(); copy what you keep
-  double weight = 1.0;               // e.g. the client's sample count; equal for all its chunks
+  std::size_t offset = 0;         // first element, relative to the shard's range
+  std::span<const float> values;  // valid only during accept(); copy what you keep
+  double weight = 1.0;            // e.g. the client's sample count; equal for all its chunks
 };
 
 enum class Verdict { kAccepted, kRejected };

@@ -1,5 +1,5 @@
 // Base class for aggregation rules that need every update of the round at once (median, trimmed
-// mean, Krum, Bulyan; ALGORITHMS.md section 2). Also meant for users' own non-streaming rules.
+// mean, Krum, Bulyan; docs/ALGORITHMS.md section 2). Also meant for users' own non-streaming rules.
 //
 // is_streaming() is false, so the shard hands each client's whole update in one accept() call
 // with offset 0. The base validates it (whole range, finite values, finite positive weight, first

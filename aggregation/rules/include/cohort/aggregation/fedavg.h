@@ -1,4 +1,4 @@
-// FedAvg (ALGORITHMS.md 1.1): the sample-weighted mean of the clients' deltas, streamed.
+// FedAvg (docs/ALGORITHMS.md 1.1): the sample-weighted mean of the clients' deltas, streamed.
 //
 // Memory is O(range) plus O(clients): one fp64 running sum of w_k * Delta_k and, per client, its
 // weight and how far its update got. Chunks of one client must arrive in order and contiguous,

@@ -1,4 +1,4 @@
-// FedAdagrad, FedYogi and FedAdam (ALGORITHMS.md 1.3, Reddi et al. 2021): adaptive server
+// FedAdagrad, FedYogi and FedAdam (docs/ALGORITHMS.md 1.3, Reddi et al. 2021): adaptive server
 // optimizers over the aggregate client delta.
 //
 //   m_t = beta1 m_{t-1} + (1 - beta1) Delta_t

@@ -1,4 +1,4 @@
-// Norm clipping / norm bounding (ALGORITHMS.md section 2, Sun et al. 2019): every update is
+// Norm clipping / norm bounding (docs/ALGORITHMS.md section 2, Sun et al. 2019): every update is
 // scaled to L2 norm at most `bound`, u <- u min(1, bound/||u||), then the sample-weighted mean is
 // taken, optionally plus N(0, noise_stddev^2 I). Registry name norm_clip; options bound (required,
 // > 0), noise_stddev = 0, seed = 0.
@@ -12,7 +12,7 @@
 // FedAvg's kept prefix: without its last chunk its norm is unknown.
 //
 // Sharding: a shard clips the norm of its own slice. With bound M_s on each of S shards the whole
-// update's norm is at most sqrt(sum_s M_s^2) (the per-layer rule of ALGORITHMS.md 8.3): use
+// update's norm is at most sqrt(sum_s M_s^2) (the per-layer rule of docs/ALGORITHMS.md 8.3): use
 // M_s = M / sqrt(S) for a global bound M. Noise: each round draws from seed and the round number;
 // give every shard a different seed, or their noise repeats. Not thread-safe.
 #pragma once

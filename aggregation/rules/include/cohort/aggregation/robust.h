@@ -1,5 +1,5 @@
-// Byzantine-robust aggregation rules (ALGORITHMS.md section 2). All are non-streaming (they see
-// every update of the round at once, O(clients x range) memory; see BufferedAggregator) and
+// Byzantine-robust aggregation rules (docs/ALGORITHMS.md section 2). All are non-streaming (they
+// see every update of the round at once, O(clients x range) memory; see BufferedAggregator) and
 // unweighted: a client's sample count does not buy it influence. Aggregate updates, not models.
 // None of them works under secure aggregation (the server sees only the sum).
 //
@@ -43,7 +43,7 @@ class TrimmedMean final : public BufferedAggregator {
   std::size_t min_updates_ = 1;
 };
 
-// Krum scores (ALGORITHMS.md 2.1-2.2): score(i) = sum of the (m - f - 2) smallest squared
+// Krum scores (docs/ALGORITHMS.md 2.1-2.2): score(i) = sum of the (m - f - 2) smallest squared
 // distances ||u_i - u_j||^2 over j != i (fewer neighbours than 0 count as 0), in double.
 [[nodiscard]] std::vector<double> krum_scores(std::span<const std::span<const float>> updates,
                                               std::size_t f);

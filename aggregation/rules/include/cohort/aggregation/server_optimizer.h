@@ -1,6 +1,6 @@
 // How the aggregate moves the model (the ServerOptimizer plug-in): x_{t+1} = x_t + step(Delta_t).
 //
-// Federated rules hand over the aggregate client delta Delta_t (new minus old, ALGORITHMS.md
+// Federated rules hand over the aggregate client delta Delta_t (new minus old, docs/ALGORITHMS.md
 // section 0); the pseudo-gradient is g_t = -Delta_t. Data-parallel mode hands over the averaged
 // gradient instead (apply_gradient). State (momentum, moments) is exposed for checkpoints.
 // Not thread-safe; a shard drives its optimizer from one thread.

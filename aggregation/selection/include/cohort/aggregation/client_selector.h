@@ -1,4 +1,4 @@
-// Which clients join a round (the ClientSelector plug-in; ALGORITHMS.md 1.1, 8.3).
+// Which clients join a round (the ClientSelector plug-in; docs/ALGORITHMS.md 1.1, 8.3).
 //
 // The coordinator describes every registered client (ClientInfo) and asks for `count` of them.
 // Built-ins sample without replacement, never pick a client marked offline, and are deterministic:
@@ -16,7 +16,8 @@
 //                             that finished their recent rounds, still gives flaky ones a chance.
 //                             Option floor = 0.1, in (0, 1].
 //   poisson  q (required)     each online client independently with probability q; count is
-//                             ignored. The sampling the RDP accountant assumes (ALGORITHMS.md 8.4).
+//                             ignored. The sampling the RDP accountant assumes
+//                             (docs/ALGORITHMS.md 8.4).
 #pragma once
 
 #include <cstdint>
