@@ -4,22 +4,6 @@
 
 namespace cohort::server {
 
-std::optional<aggregation::WireFormat> wire_format(transport::Encoding e) {
-  using aggregation::WireFormat;
-  switch (e) {
-    case transport::Encoding::kDenseF32: return WireFormat::kDenseF32;
-    case transport::Encoding::kDenseF16: return WireFormat::kFp16;
-    case transport::Encoding::kDenseBf16: return WireFormat::kBf16;
-    case transport::Encoding::kInt8: return WireFormat::kInt8;
-    case transport::Encoding::kQsgd: return WireFormat::kQsgd;
-    case transport::Encoding::kTopK: return WireFormat::kTopK;
-    case transport::Encoding::kRandomK: return WireFormat::kRandomK;
-    case transport::Encoding::kSign: return WireFormat::kSign;
-    case transport::Encoding::kPowerSgd: return WireFormat::kLowRank;
-  }
-  return std::nullopt;
-}
-
 std::string check_push_shape(const transport::Push& p, std::uint64_t payload_bytes,
                              const ShardRange& range, const PushRules& rules) {
   const bool compressed = p.encoding != transport::Encoding::kDenseF32;

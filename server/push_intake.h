@@ -13,12 +13,14 @@
 #include <vector>
 
 #include "cohort/aggregation/push_codec.h"
+#include "cohort/client/push_encoding.h"
 #include "cohort/transport/endpoint.h"
 
 namespace cohort::server {
 
-// The built-in wire format a push encoding carries (kDenseF32: raw fp32, no header).
-std::optional<aggregation::WireFormat> wire_format(transport::Encoding e);
+// The built-in wire format a push encoding carries (kDenseF32: raw fp32, no header): the client
+// protocol's one table (cohort/client/push_encoding.h), which the clients encode with.
+using client::wire_format;
 
 // What a mode takes, and how its refusals are worded (clients and tests match some of them).
 struct PushRules {
