@@ -33,6 +33,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/sim/sim.h"
+#include "cohort/transport/allocator.h"
 
 namespace {
 
@@ -99,6 +100,8 @@ int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As cohort-sim does (it measures cohort-sim's runs): large frames, see the header.
+  cohort::transport::tune_allocator_for_large_messages();
   CLI::App app{
       "cohort-bench-sim: runs cohort-sim configurations in-process, each in its own child\n"
       "process, and prints one JSON line per run: seconds per round, peak RSS, and the\n"
