@@ -104,19 +104,7 @@ transport::EndpointOptions listen_options(const ServerOptions& options, ThreadPo
   opts.deliver_chunks = true;  // pushes stream into the aggregator chunk by chunk
   // In one process (cohort-sim) a fleet socket may speak for many virtual clients.
   opts.multiplex = options.node.listen.rfind("inproc://", 0) == 0;
-  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
-  // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
-  // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
-  // the socket meanwhile, so two measured faster (docs/PERFORMANCE.md 3.4). Two pay off only
-  // while few clients stream at once: with many, the shard always has another client's chunk to
-  // work on, so past 8 connected peers each gets one (a budget of 16).
-  const std::int64_t queue = options.transport.receive_queue;
-  if (queue < 0 || queue > 65536) {
-    throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
-                      std::to_string(queue));
-  }
-  opts.receive_queue = queue > 0 ? static_cast<int>(queue) : (opts.security.insecure ? 1 : 2);
-  if (queue == 0 && !opts.security.insecure) opts.receive_budget = 16;
+  set_listener_receive_queue(options.transport.receive_queue, opts);
   return opts;
 }
 

@@ -138,13 +138,16 @@ transport::EndpointOptions shard_endpoint_options(const Config& config, const st
 }
 
 void set_listener_receive_queue(const Config& config, transport::EndpointOptions& options) {
+  set_listener_receive_queue(config.get_int("transport.receive_queue"), options);
+}
+
+void set_listener_receive_queue(std::int64_t queue, transport::EndpointOptions& options) {
   // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
   // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
   // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
   // the socket meanwhile, so two measured faster (docs/PERFORMANCE.md 3.4). Two pay off only
   // while few clients stream at once: with many, the shard always has another client's chunk to
   // work on, so past 8 connected peers each gets one (a budget of 16).
-  const std::int64_t queue = config.get_int("transport.receive_queue");
   if (queue < 0 || queue > 65536) {
     throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
                       std::to_string(queue));

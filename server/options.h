@@ -3,6 +3,8 @@
 // reads them. Internal to the server library.
 #pragma once
 
+#include <cstdint>
+
 #include <string>
 
 #include "cohort/aggregation/registries.h"
@@ -26,6 +28,9 @@ transport::EndpointOptions shard_endpoint_options(const Config& config, const st
 // The listening endpoint's receive queue: transport.receive_queue, or at 0 (automatic) 1 chunk per
 // client in plaintext and under TLS a budget of 16 shared out, 2 per client while at most 8 are
 // connected, then 1 (EndpointOptions::receive_budget).
+// Throws ConfigError for a value outside 0..65536.
 void set_listener_receive_queue(const Config& config, transport::EndpointOptions& options);
+// The same from the value itself (ServerOptions::transport.receive_queue).
+void set_listener_receive_queue(std::int64_t queue, transport::EndpointOptions& options);
 
 }  // namespace cohort::server
