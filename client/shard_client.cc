@@ -92,6 +92,8 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
         auto [envelope, payload] = make(i);
         links.send(i, std::move(envelope), std::move(payload));
       } catch (const TransportError& e) {
+        // Without resends nothing would ever answer: the caller hears why now, not at its deadline.
+        if (!options.resend) throw;
         COHORT_LOG(Info) << options.who << ": shard " << i << " unreachable: " << e.what();
       }
       schedule.sent(i, clock.now());

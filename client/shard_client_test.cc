@@ -210,6 +210,17 @@ TEST_CASE("a patient exchange (a data-parallel pull the shard holds on purpose) 
   CHECK_FALSE(ok);
   CHECK(links.sends[0].size() == 1);
   CHECK(links.sends[1].size() == 1);
+  // Without resends a send that fails is the caller's error at once, not a wait until the deadline.
+  FakeLinks down(1, clock, [](std::size_t, const tp::Envelope&) { return std::vector<tp::Message>{}; });
+  down.unreachable.insert(0);
+  CHECK_THROWS_AS(cohort::client::exchange(
+                      down, clock,
+                      [&](std::size_t i) {
+                        return std::pair{cohort::client::pull_request(shards[i], 1, 0), tp::Payload{}};
+                      },
+                      [](std::size_t, tp::Message&) { return true; },
+                      ExchangeOptions{.deadline = clock.now() + 300s, .resend = false}),
+                  cohort::TransportError);
   // Without resends: one request per shard however long the wait.
   FakeLinks quiet(2, clock, [](std::size_t, const tp::Envelope&) { return std::vector<tp::Message>{}; });
   CHECK_FALSE(cohort::client::pull_all(quiet, shards, clock, 1, 4, params,

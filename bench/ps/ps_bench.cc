@@ -167,6 +167,9 @@ struct Worker {
     o.security.cert_file = s.dir + "/certs/" + name + ".pem";
     o.security.key_file = s.dir + "/certs/" + name + ".key";
     o.security.expected_peer = peer;
+    // A push waits while the shard reads the other clients' chunks: with 50 clients pushing 40 MB
+    // at once on a loaded machine, longer than the default 30 s.
+    o.send_timeout = std::chrono::seconds(600);
     return o;
   }
 
