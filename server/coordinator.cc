@@ -398,8 +398,9 @@ void Coordinator::tick_fedbuff(TimePoint now) {
     return;
   }
   const std::size_t want = static_cast<std::size_t>(rounds_ - committed_) * buffer_k_;
-  // Starved: a step was not ready (another shard holds fewer updates than this one, which
-  // took fewer into the last step) and nothing is in flight to fill it: one more task.
+  // Starved: a step prepared with no task in flight was not ready (another shard holds fewer
+  // updates than this one: it refused one, or took fewer into the last step), so nothing in
+  // flight can fill it: one more task.
   const bool starved = fb_short_ && busy_.empty();
   for (auto it = clients_.begin(); it != clients_.end(); ++it) {
     if (busy_.size() >= concurrency_) break;

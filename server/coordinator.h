@@ -156,9 +156,10 @@ class Coordinator {
   bool finished_ = false;
   bool dp_started_ = false, fb_started_ = false;
   std::size_t buffer_k_ = 10, concurrency_ = 10;
-  std::size_t step_updates_ = 0;  // FedBuff: updates in the step being closed (shard 0's count)
-  TimePoint fb_retry_;            // FedBuff: no new step before this after one not ready
-  bool fb_short_ = false;         // FedBuff: a step was not ready since the last commit
+  std::size_t step_updates_ = 0;   // FedBuff: updates in the step being closed (shard 0's count)
+  TimePoint fb_retry_;             // FedBuff: no new step before this after one not ready
+  bool fb_short_ = false;          // FedBuff: a step was not ready with no task in flight
+  bool fb_prepared_idle_ = false;  // FedBuff: no task was in flight when this step was prepared
   std::map<NodeId, TimePoint> busy_;
   TimePoint next_sweep_;  // of timed-out clients
 };

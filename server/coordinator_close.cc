@@ -29,7 +29,10 @@ void Coordinator::prepare_close(std::uint64_t round, std::size_t updates) {
   for (std::size_t i = 1; i < shards_.size(); ++i) shards_[i].prepared = false;
   const auto local = local_.prepare_round(round);
   if (!local.ok) prepare_failure_ = local.reason;
-  if (buffered()) step_updates_ = local_.prepared_count();
+  if (buffered()) {
+    step_updates_ = local_.prepared_count();
+    fb_prepared_idle_ = busy_.empty();
+  }
   resend_prepare();
 }
 
@@ -66,10 +69,13 @@ void Coordinator::prepared_everywhere() {
     return;
   }
   if (buffered()) {
-    // Another shard's K-th update is still on its way: not a failure, ask again shortly.
+    // Another shard's K-th update is still on its way: not a failure, ask again shortly. Only
+    // a step short with no task in flight (another shard refused an update this one took) is
+    // starved and gets one more task; one short of a push still on its way gets that push,
+    // and a task issued meanwhile would add its update to one shard's step and not another's.
     COHORT_LOG(Debug) << "step " << closing_round_ << " not ready: " << prepare_failure_;
     fb_retry_ = clock_.now() + 20ms;
-    fb_short_ = true;
+    fb_short_ = fb_prepared_idle_;
     close_round(false);
     return;
   }

@@ -222,6 +222,65 @@ TEST_CASE("coordinator: FedBuff steps once shard 0 buffers K updates") {
 }
 
 TEST_CASE(
+    "coordinator: FedBuff waits for a push still on its way to another shard instead of issuing "
+    "more work") {
+  Fixture f({"server.mode=fedbuff", "server.shards=2", "server.rounds=1", "server.buffer_size=2",
+             "server.concurrency=2", "server.min_clients=2"});
+  f.register_shard(1);
+  for (const NodeId id : {"a", "b", "c"}) f.register_client(id);
+  f.coordinator->tick();
+  REQUIRE(f.out.count<RoundStart>() == 2);
+  const NodeId first = f.starts("a").empty() ? "b" : "a";
+  const NodeId second = f.starts("c").empty() ? "b" : "c";
+  REQUIRE(f.starts(first).size() == 1);
+  REQUIRE(f.starts(second).size() == 1);
+  f.train(first, f.starts(first)[0].round);
+  // The second update is in on shard 0; its push to shard 1 is still on its way, so its
+  // client has not reported.
+  std::vector<float> update(f.shard.size(), 0.5f);
+  f.deliver(testing::push_all(second,
+                              transport::Push{.shard = 0,
+                                              .begin = f.shard.begin(),
+                                              .end = f.shard.end(),
+                                              .num_samples = 10,
+                                              .elements = f.shard.size()},
+                              f.starts(second)[0].round, ++f.seq, update));
+  f.coordinator->tick();
+  REQUIRE(f.closes().size() == 1);  // prepare: shard 1 holds 1 of 2
+  f.deliver(f.shard_ack(1, 1, true, false, "shard 1 holds 1 of 2 updates"));
+  REQUIRE(f.closes().size() == 2);
+  CHECK_FALSE(f.closes()[1].commit);
+  f.deliver(f.shard_ack(1, 1, false, true));
+  // Now the push reaches shard 1 and the client reports: nothing is in flight, but the step
+  // was short only because of that push. No new task: the retry takes the two updates.
+  f.deliver(
+      testing::message(second,
+                       transport::ClientReport{
+                           .round = f.starts(second)[0].round, .trained = true, .num_samples = 10},
+                       f.starts(second)[0].round, ++f.seq));
+  f.coordinator->tick();
+  CHECK(f.out.count<RoundStart>() == 2);
+  f.clock.advance(20ms);
+  f.coordinator->tick();
+  REQUIRE(f.closes().size() == 3);
+  CHECK(f.closes()[2].prepare);
+
+  SUBCASE("shard 1 holds both: the step commits with them") {
+    f.deliver(f.shard_ack(1, 1, true, true));
+    f.deliver(f.shard_ack(1, 1, false, true));
+    CHECK(f.shard.version() == 1);
+    CHECK(f.out.count<RoundStart>() == 2);
+  }
+  SUBCASE("shard 1 is short with nothing in flight (it refused an update): one more task") {
+    f.deliver(f.shard_ack(1, 1, true, false, "shard 1 holds 1 of 2 updates"));
+    f.deliver(f.shard_ack(1, 1, false, true));
+    f.coordinator->tick();
+    CHECK(f.out.count<RoundStart>() == 3);
+    CHECK(f.shard.version() == 0);
+  }
+}
+
+TEST_CASE(
     "coordinator: data-parallel training starts the first workers by name and ends when all "
     "reported") {
   Fixture f({"server.mode=dataparallel", "server.consistency=ssp", "server.clients_per_round=2",

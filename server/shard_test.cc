@@ -91,12 +91,16 @@ TEST_CASE(
     CHECK_FALSE(f.last_ack("b").accepted);
     CHECK(f.last_ack("b").reason == "round 1 is closed (late push)");
   }
-  SUBCASE("a duplicate of a push still streaming") {
-    auto first = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, false);
-    REQUIRE(f.shard.handle(first));
+  SUBCASE("a push refused mid-transfer, then resent: refused again") {
+    auto head = testing::push_chunk("a", f.delta(), 1, 1, update, 0, 3, false);
+    REQUIRE(f.shard.handle(head));
+    std::vector<float> bad(kModelSize, std::nanf(""));
+    auto tail = testing::push_chunk("a", f.delta(), 1, 1, bad, 3, 3, true);
+    REQUIRE(f.shard.handle(tail));
+    CHECK_FALSE(f.last_ack("a").accepted);
     auto again = testing::push_all("a", f.delta(), 1, 2, update);
     REQUIRE(f.shard.handle(again));
-    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.out.count<PushAck>() == 2);
     CHECK(f.last_ack("a").reason == "duplicate push for this round");
   }
   SUBCASE("a push for another round than the open one") {
@@ -118,6 +122,30 @@ TEST_CASE(
     REQUIRE(f.shard.handle(zero));
     CHECK(f.last_ack("b").reason == "zero samples");
   }
+}
+
+TEST_CASE("federated shard: a resend of a push still streaming counts once; the first answers") {
+  Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
+  const auto before = f.params();
+  std::vector<float> ua(kModelSize, 0.5f), ub(kModelSize, 2.0f);
+  f.shard.open_round(1, {"a", "b"});
+  auto first = testing::push_chunk("a", f.delta(), 1, 1, ua, 0, 3, false);
+  REQUIRE(f.shard.handle(first));
+  auto again = testing::push_all("a", f.delta(), 1, 2, ua);  // the client's resend
+  REQUIRE(f.shard.handle(again));
+  CHECK(f.out.count<PushAck>() == 0);
+  auto tail = testing::push_chunk("a", f.delta(), 1, 1, ua, 3, 3, true);
+  REQUIRE(f.shard.handle(tail));
+  CHECK(f.out.count<PushAck>() == 1);
+  CHECK(f.last_ack("a").accepted);
+  auto b = testing::push_all("b", f.delta(), 1, 3, ub);
+  REQUIRE(f.shard.handle(b));
+  REQUIRE(f.shard.prepare_round(1).ok);
+  CHECK(f.shard.close_round(1, true) == 1);
+  // a and b once each, equal samples: the mean of 0.5 and 2 (a twice would give 1).
+  const auto after = f.params();
+  for (std::size_t i = 0; i < kModelSize; ++i)
+    CHECK(after[i] == doctest::Approx(before[i] + 1.25f));
 }
 
 TEST_CASE(
@@ -369,6 +397,63 @@ TEST_CASE("FedBuff shard: a step needs K buffered updates, and an abort puts the
     auto m = testing::push_all("c", future, 3, 3, u1);
     REQUIRE(f.shard.handle(m));
     CHECK(f.last_ack("c").reason == "update from a future version");
+  }
+}
+
+TEST_CASE("FedBuff shard: a resent update counts once") {
+  Fixture f({"server.mode=fedbuff", "server.buffer_size=2", "server.max_staleness=0",
+             "server_optimizer.lr=1.0"});
+  std::vector<float> u(kModelSize, 1.0f);
+  const auto before = f.params();
+  auto first = testing::push_all("a", f.delta(), 7, 1, u);
+  REQUIRE(f.shard.handle(first));
+  REQUIRE(f.out.count<PushAck>() == 1);
+  CHECK(f.last_ack("a").accepted);
+
+  SUBCASE("buffered already: acknowledged again, not buffered twice") {
+    auto again = testing::push_all("a", f.delta(), 7, 2, u);  // a new transfer, same task
+    REQUIRE(f.shard.handle(again));
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.last_ack("a").accepted);
+    CHECK(f.shard.buffered() == 1);
+    CHECK_FALSE(f.shard.prepare_round(1).ok);  // one update of K = 2
+    (void)f.shard.close_round(1, false);
+
+    auto b = testing::push_all("b", f.delta(), 8, 1, u);
+    REQUIRE(f.shard.handle(b));
+    REQUIRE(f.shard.prepare_round(1).ok);
+    CHECK(f.shard.prepared_count() == 2);
+    CHECK(f.shard.close_round(1, true) == 1);
+    // And after the step (version 1, staleness 0 allowed): still an ack, not "too stale".
+    auto late = testing::push_all("a", f.delta(), 7, 3, u);
+    REQUIRE(f.shard.handle(late));
+    CHECK(f.last_ack("a").accepted);
+    CHECK(f.shard.buffered() == 0);
+    const auto after = f.params();
+    for (std::size_t i = 0; i < kModelSize; ++i)
+      CHECK(after[i] == doctest::Approx(before[i] + 1.0f));
+  }
+  SUBCASE("still streaming: the first transfer's ack answers both") {
+    auto b_head = testing::push_chunk("b", f.delta(), 8, 1, u, 0, 3, false);
+    REQUIRE(f.shard.handle(b_head));
+    auto b_resend = testing::push_all("b", f.delta(), 8, 2, u);
+    REQUIRE(f.shard.handle(b_resend));
+    CHECK(f.out.count<PushAck>() == 1);  // nothing for the resend
+    auto b_tail = testing::push_chunk("b", f.delta(), 8, 1, u, 3, 3, true);
+    REQUIRE(f.shard.handle(b_tail));
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.last_ack("b").accepted);
+    CHECK(f.shard.buffered() == 2);
+  }
+  SUBCASE("an older task's update is refused") {
+    auto next = testing::push_all("a", f.delta(), 9, 2, u);
+    REQUIRE(f.shard.handle(next));
+    CHECK(f.shard.buffered() == 2);
+    auto old = testing::push_all("a", f.delta(), 3, 3, u);
+    REQUIRE(f.shard.handle(old));
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason == "update for task 3, older than task 9 already buffered");
+    CHECK(f.shard.buffered() == 2);
   }
 }
 

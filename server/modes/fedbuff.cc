@@ -73,6 +73,7 @@ class FedBuffMode final : public ShardMode {
   }
 
   void on_coordinator_restart() override {
+    last_task_.clear();  // the new coordinator numbers its tasks afresh
     if (core_.prepared_round == 0) return;
     // Worded as a federated shard's drop, which names its round and applied updates (none here).
     COHORT_LOG(Info) << "shard " << core_.index << ": the coordinator restarted: dropped round 0"
@@ -87,7 +88,12 @@ class FedBuffMode final : public ShardMode {
   struct BufferedTask {
     double weight = 1.0;                                // s(tau)
     std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
+    std::string client;
+    std::uint64_t task = 0;  // the coordinator's task id (the push's round)
   };
+
+  // The transfer ends (complete or refused): it no longer streams.
+  void end_transfer(std::unordered_map<std::string, BufferedTask>::iterator it, bool buffered);
 
   // Checks the first chunk of a push and starts its task; false when refused (acked).
   bool start(const Message& m, const transport::Push& p, const std::string& key);
@@ -97,6 +103,8 @@ class FedBuffMode final : public ShardMode {
   std::size_t buffer_k_ = 10, buffered_ = 0;
   std::unordered_map<std::string, BufferedTask> buffered_tasks_;
   std::set<std::string> rejected_transfers_;
+  std::unordered_map<std::string, std::uint64_t> last_task_;   // client -> last task buffered
+  std::set<std::pair<std::string, std::uint64_t>> streaming_;  // (client, task) streaming in
   std::vector<double> buffer_sum_;
   std::vector<double> prepared_sum_;  // the step being prepared
   std::size_t prepared_count_ = 0;
@@ -106,6 +114,28 @@ class FedBuffMode final : public ShardMode {
 bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::string& key) {
   static constexpr PushRules kRules{.kind = transport::PushKind::kDelta,
                                     .wrong_kind = "this server runs FedBuff; send deltas"};
+  // A client resends a push its ack has not answered within the resend wait (a loaded shard),
+  // as a new transfer of the same task. It must count once: buffered already, it is
+  // acknowledged again and its bytes ignored; still streaming, the first transfer's ack
+  // answers both. A client's tasks come one after another, so its last buffered task is all
+  // that needs keeping.
+  const std::uint64_t task_id = m.envelope.round;
+  const auto last = last_task_.find(m.sender);
+  if (last != last_task_.end() && task_id == last->second) {
+    rejected_transfers_.insert(key);
+    core_.reply_ack(m, true, "");
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its update for task " << task_id
+                     << ", already buffered: acknowledged again";
+    return false;
+  }
+  if (streaming_.contains({m.sender, task_id})) {
+    rejected_transfers_.insert(key);
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its update for task " << task_id
+                     << " while it streams in: the first transfer answers";
+    return false;
+  }
   const std::uint64_t version = core_.version;
   const std::uint64_t tau = version >= p.base_version ? version - p.base_version : 0;
   std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
@@ -114,8 +144,9 @@ bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::s
       why = "update from a future version";
     } else if (max_staleness_ >= 0 && tau > static_cast<std::uint64_t>(max_staleness_)) {
       why = "update too stale (" + std::to_string(tau) + " versions)";
-    } else if (buffered_tasks_.contains(key)) {
-      why = "duplicate update";
+    } else if (last != last_task_.end() && task_id < last->second) {
+      why = "update for task " + std::to_string(task_id) + ", older than task " +
+            std::to_string(last->second) + " already buffered";
     }
   }
   if (!why.empty()) {
@@ -128,8 +159,20 @@ bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::s
   task.weight = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
   if (p.encoding != transport::Encoding::kDenseF32)
     task.decoder = core_.take_decoder(*wire_format(p.encoding));
+  task.client = m.sender;
+  task.task = task_id;
+  streaming_.insert({m.sender, task_id});
   buffered_tasks_[key] = std::move(task);
   return true;
+}
+
+void FedBuffMode::end_transfer(std::unordered_map<std::string, BufferedTask>::iterator it,
+                               bool buffered) {
+  BufferedTask& t = it->second;
+  core_.give_back(std::move(t.decoder));
+  streaming_.erase({t.client, t.task});
+  if (buffered) last_task_[t.client] = t.task;
+  buffered_tasks_.erase(it);
 }
 
 void FedBuffMode::on_push(Message& m, const transport::Push& p) {
@@ -158,14 +201,12 @@ void FedBuffMode::on_push(Message& m, const transport::Push& p) {
     return true;
   };
   if (!decode_chunk(m, it->second.decoder.get(), core_.decode_scratch, fold, why)) {
-    core_.give_back(std::move(it->second.decoder));
-    buffered_tasks_.erase(it);
+    end_transfer(it, false);
     core_.reply_ack(m, false, why);
     return;
   }
   if (!m.complete) return;
-  core_.give_back(std::move(it->second.decoder));
-  buffered_tasks_.erase(it);
+  end_transfer(it, true);
   ++buffered_;
   core_.reply_ack(m, true, "");
   // The coordinator steps every shard together (prepare_round, close_round) once K updates

@@ -109,6 +109,7 @@ class FederatedMode final : public ShardMode {
     transfers_.clear();
     pushed_.clear();
     applied_.clear();
+    streaming_.clear();
     selection_.clear();
   }
 
@@ -135,7 +136,8 @@ class FederatedMode final : public ShardMode {
   double dp_clip_ = 0, dp_noise_ = 0;
   std::uint64_t dp_seed_ = 0;
   std::set<NodeId> pushed_;
-  std::set<NodeId> applied_;  // senders whose update of the open round is complete and accepted
+  std::set<NodeId> applied_;    // senders whose update of the open round is complete and accepted
+  std::set<NodeId> streaming_;  // senders whose update of the open round is streaming in
   std::unordered_map<NodeId, ClientId> client_ids_;
 };
 
@@ -173,6 +175,16 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
                      << ", already applied: acknowledged again";
     return t;
   }
+  if (!why.empty() && streaming_.contains(m.sender) && round == open_round_) {
+    // A resend while the first transfer still streams in (the client's resend wait ran out on
+    // a loaded shard): the first transfer's ack answers both; a refusal here would tell the
+    // client its update was lost while the shard applies it.
+    t.rejected = true;
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its update for round " << round
+                     << " while it streams in: the first transfer answers";
+    return t;
+  }
   if (!why.empty()) {
     t.rejected = true;
     core_.reply_ack(m, false, why);
@@ -185,6 +197,7 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
     core_.aggregator->begin_round(round, core_.size());
   }
   pushed_.insert(m.sender);
+  streaming_.insert(m.sender);
   // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean.
   t.weight = dp_clip_ > 0 ? 1.0 : static_cast<double>(p.num_samples);
   if (p.encoding != transport::Encoding::kDenseF32)
@@ -258,6 +271,7 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
     t.rejected = true;
     core_.aggregator->end_update(t.client, false);
     release(t);
+    streaming_.erase(m.sender);
     core_.reply_ack(m, false, why);
     COHORT_LOG(Warn) << "shard " << core_.index << ": refused the update of " << m.sender << ": "
                      << why;
@@ -266,6 +280,7 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
   if (m.complete) {
     core_.aggregator->end_update(t.client, true);
     release(t);
+    streaming_.erase(m.sender);
     applied_.insert(m.sender);
     core_.reply_ack(m, true, "");
     COHORT_LOG(Debug) << "shard " << core_.index << ": applied the update of " << m.sender
