@@ -117,6 +117,7 @@ struct Writer {
     p.setTrainLoss(m.train_loss);
     p.setClock(m.clock);
     p.setElements(m.elements);
+    p.setLocalWork(m.local_work);
   }
   void operator()(const PushAck& m) {
     auto a = b.initPushAck();
@@ -186,6 +187,17 @@ struct Writer {
     r.setModelVersion(m.model_version);
     r.setMessage(m.message);
     r.setFatal(m.fatal);
+    r.setLocalSteps(m.local_steps);
+    r.setSamplesPerSecond(m.samples_per_second);
+    auto links = r.initLinks(static_cast<unsigned>(m.links.size()));
+    for (unsigned i = 0; i < m.links.size(); ++i) {
+      const auto& l = m.links[i];
+      links[i].setShard(l.shard);
+      links[i].setDownBytes(l.down_bytes);
+      links[i].setDownSeconds(l.down_seconds);
+      links[i].setUpBytes(l.up_bytes);
+      links[i].setUpSeconds(l.up_seconds);
+    }
   }
 };
 
@@ -225,7 +237,8 @@ Push read_push(wire::Push::Reader p) {
               .kind = checked_enum<PushKind>(static_cast<std::uint16_t>(p.getKind()), 2, "kind"),
               .train_loss = p.getTrainLoss(),
               .clock = p.getClock(),
-              .elements = p.getElements()};
+              .elements = p.getElements(),
+              .local_work = p.getLocalWork()};
 }
 
 RoundOpen read_round_open(wire::RoundOpen::Reader r) {
@@ -245,21 +258,38 @@ RoundOpen read_round_open(wire::RoundOpen::Reader r) {
 }
 
 ClientReport read_report(wire::ClientReport::Reader r) {
-  return ClientReport{.round = r.getRound(),
-                      .trained = r.getTrained(),
-                      .num_samples = r.getNumSamples(),
-                      .train_loss = r.getTrainLoss(),
-                      .train_seconds = r.getTrainSeconds(),
-                      .comm_seconds = r.getCommSeconds(),
-                      .bytes_sent = r.getBytesSent(),
-                      .bytes_received = r.getBytesReceived(),
-                      .evaluated = r.getEvaluated(),
-                      .eval_loss = r.getEvalLoss(),
-                      .eval_accuracy = r.getEvalAccuracy(),
-                      .eval_count = r.getEvalCount(),
-                      .model_version = r.getModelVersion(),
-                      .message = text(r.getMessage(), "message"),
-                      .fatal = r.getFatal()};
+  auto links = r.getLinks();
+  if (links.size() > kMaxShards) {
+    throw ProtocolError("report lists " + std::to_string(links.size()) + " links (limit " +
+                        std::to_string(kMaxShards) + ")");
+  }
+  ClientReport out{.round = r.getRound(),
+                   .trained = r.getTrained(),
+                   .num_samples = r.getNumSamples(),
+                   .train_loss = r.getTrainLoss(),
+                   .train_seconds = r.getTrainSeconds(),
+                   .comm_seconds = r.getCommSeconds(),
+                   .bytes_sent = r.getBytesSent(),
+                   .bytes_received = r.getBytesReceived(),
+                   .evaluated = r.getEvaluated(),
+                   .eval_loss = r.getEvalLoss(),
+                   .eval_accuracy = r.getEvalAccuracy(),
+                   .eval_count = r.getEvalCount(),
+                   .model_version = r.getModelVersion(),
+                   .message = text(r.getMessage(), "message"),
+                   .fatal = r.getFatal(),
+                   .local_steps = r.getLocalSteps(),
+                   .samples_per_second = r.getSamplesPerSecond(),
+                   .links = {}};
+  out.links.reserve(links.size());
+  for (auto l : links) {
+    out.links.push_back({.shard = l.getShard(),
+                         .down_bytes = l.getDownBytes(),
+                         .down_seconds = l.getDownSeconds(),
+                         .up_bytes = l.getUpBytes(),
+                         .up_seconds = l.getUpSeconds()});
+  }
+  return out;
 }
 
 Body read_body(wire::Envelope::Body::Reader b) {

@@ -25,14 +25,19 @@ Envelope wrap(Body body) {
 std::vector<Body> every_body() {
   return {
       Register{Role::kClient, 6000, "cuda:0", "tcp://10.0.0.1:5000", 77, 2, "iid 3/10"},
-      Welcome{3, 235146, "mlp:784-256-128-10",
+      Welcome{3,
+              235146,
+              "mlp:784-256-128-10",
               {{0, "tcp://a:1", "shard-0", 0, 117573}, {1, "tcp://b:2", "shard-1", 117573, 235146}},
-              5, 1000, "epochs = 1\n", 0x1234567890abcdefULL},
+              5,
+              1000,
+              "epochs = 1\n",
+              0x1234567890abcdefULL},
       Heartbeat{12, 0.5f},
       RoundStart{4, 30000, 1, 0, 0.05f, 4, true, TrainingMode::kDataParallel, 32},
       Pull{1, 10, 20, 3},
       PullReply{1, 10, 20, 4, Encoding::kDenseBf16},
-      Push{1, 10, 20, 600, 4, Encoding::kTopK, PushKind::kGradient, 0.25f, 17, 10},
+      Push{1, 10, 20, 600, 4, Encoding::kTopK, PushKind::kGradient, 0.25f, 17, 10, 8.5f},
       PushAck{false, "late", 5, true},
       ChunkHeader{41, 2, 3, 2 << 20},
       ErrorBody{ErrorCode::kBadRange, "range out of shard", 40},
@@ -40,7 +45,24 @@ std::vector<Body> every_body() {
       AllreduceChunk{5, 2, 1, 3, 4096, 1024},
       Bye{"done"},
       RoundClose{7, true, 9, true},
-      ClientReport{7, true, 600, 0.5f, 1.5f, 0.25f, 100, 200, true, 0.4f, 0.85f, 10000, 6, "ok", true},
+      ClientReport{7,
+                   true,
+                   600,
+                   0.5f,
+                   1.5f,
+                   0.25f,
+                   100,
+                   200,
+                   true,
+                   0.4f,
+                   0.85f,
+                   10000,
+                   6,
+                   "ok",
+                   true,
+                   40,
+                   512.5f,
+                   {{0, 1000, 0.5f, 2000, 0.25f}, {1, 3000, 0.75f, 4000, 1.5f}}},
       RoundOpen{8, {"client-1", "client-7", "c00042"}},
   };
 }
@@ -110,7 +132,8 @@ TEST_CASE("malformed envelopes are ProtocolErrors, never crashes") {
     auto valid = encode(wrap(every_body()[1]));
     for (std::size_t off = 8; off + 8 <= valid.size(); off += 8) {
       auto copy = valid;
-      const std::uint64_t list_ptr = 0x1 | (std::uint64_t{5} << 32) | (std::uint64_t{0x1fffffff} << 35);
+      const std::uint64_t list_ptr =
+          0x1 | (std::uint64_t{5} << 32) | (std::uint64_t{0x1fffffff} << 35);
       std::memcpy(copy.data() + off, &list_ptr, 8);
       try {
         (void)decode(copy);
@@ -133,7 +156,8 @@ TEST_CASE("a roundOpen with more ids than a batch, or an invalid id, is a Protoc
   RoundOpen big{3, {}};
   for (std::size_t i = 0; i <= kRoundOpenBatch; ++i) big.clients.push_back("c" + std::to_string(i));
   CHECK_THROWS_AS(decode(encode(wrap(big))), cohort::ProtocolError);
-  CHECK_THROWS_AS(decode(encode(wrap(RoundOpen{3, {"bad id with spaces"}}))), cohort::ProtocolError);
+  CHECK_THROWS_AS(decode(encode(wrap(RoundOpen{3, {"bad id with spaces"}}))),
+                  cohort::ProtocolError);
   RoundOpen full{3, {}};  // a full batch of the longest ids (64 characters) fits an envelope
   for (std::size_t i = 0; i < kRoundOpenBatch; ++i) {
     const std::string num = std::to_string(1000 + i);

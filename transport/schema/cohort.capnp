@@ -164,6 +164,7 @@ struct Push {
   trainLoss @7 :Float32;
   clock @8 :UInt64;         # data-parallel step of the client
   elements @9 :UInt64;      # coordinates after decoding (end - begin for dense)
+  localWork @10 :Float32;   # FedNova's a_i: the client's local work (ALGORITHMS.md 1.7); 0: not given
 }
 
 # Shard -> client: what became of a Push.
@@ -259,4 +260,17 @@ struct ClientReport {
   modelVersion @12 :UInt64; # version that was trained on or evaluated
   message @13 :Text;        # why training failed, if it did
   fatal @14 :Bool;          # the client stops for good; message says why
+  localSteps @15 :UInt32;   # SGD steps the client ran this round
+  samplesPerSecond @16 :Float32;  # training throughput this round (samples over compute time)
+  links @17 :List(LinkSample);    # what the client measured to each shard this round
+}
+
+# A client's measurement of its link to one shard in one round: payload bytes and the time from
+# request to answer (which includes the latency), each way.
+struct LinkSample {
+  shard @0 :UInt32;
+  downBytes @1 :UInt64;
+  downSeconds @2 :Float32;
+  upBytes @3 :UInt64;
+  upSeconds @4 :Float32;
 }

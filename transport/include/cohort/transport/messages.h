@@ -121,6 +121,7 @@ struct Push {
   float train_loss = 0;
   std::uint64_t clock = 0;
   std::uint64_t elements = 0;
+  float local_work = 0;  // FedNova's a_i (docs/ALGORITHMS.md 1.7); 0: not given
   bool operator==(const Push&) const = default;
 };
 struct PushAck {
@@ -183,6 +184,16 @@ struct RoundClose {
   bool prepare = false;
   bool operator==(const RoundClose&) const = default;
 };
+// A client's measurement of its link to one shard in one round: payload bytes and the time from
+// request to answer (latency included), each way. Zero seconds: not measured.
+struct LinkSample {
+  std::uint32_t shard = 0;
+  std::uint64_t down_bytes = 0;
+  float down_seconds = 0;
+  std::uint64_t up_bytes = 0;
+  float up_seconds = 0;
+  bool operator==(const LinkSample&) const = default;
+};
 struct ClientReport {
   std::uint64_t round = 0;
   bool trained = false;
@@ -200,6 +211,9 @@ struct ClientReport {
   std::string message;
   // The client stops for good (bad configuration, unusable device, ...): `message` says why.
   bool fatal = false;
+  std::uint32_t local_steps = 0;  // SGD steps run this round
+  float samples_per_second = 0;   // training throughput this round (samples / compute time)
+  std::vector<LinkSample> links;  // one per shard it exchanged with (at most 4096)
   bool operator==(const ClientReport&) const = default;
 };
 
