@@ -11,6 +11,8 @@
 #include "cohort/server/server.h"
 #include "cohort/transport/config.h"
 
+#include "server_options.h"
+
 namespace cohort::server {
 namespace {
 
@@ -28,6 +30,7 @@ const ModeKeys kModeKeys[] = {
     {"server.overselect", {kFederated}},
     {"server.selection", {kFederated}},
     {"server.min_updates", {kFederated}},
+    {"server.normalization", {kFederated}},
     {"server.max_failed_rounds", {kFederated, kFedBuff}},
     {"server.consistency", {kDataParallel}},
     {"server.staleness", {kDataParallel}},
@@ -112,6 +115,15 @@ void validate(const Config& config, const Registries& registries) {
   const std::string rule = rule_options.get_string("name", "fedavg");
   const auto aggregator = registries.aggregators.create(rule, rule_options);
   if (mode != kFederated) return;
+  // FedNova reweighs a sample-weighted mean (weights n_i / a_i, then a rescale); a rule that is
+  // not such a mean (median, Krum, ...; norm_clip clips each update before its mean, so its
+  // bound would be on Delta_i, not on the normalised update) would ignore or distort it.
+  if (parse_normalization(config) == Normalization::kFedNova && rule != "fedavg") {
+    throw ConfigError(
+        "server.normalization = fednova needs aggregator.name = fedavg (the only weighted mean of "
+        "the updates), got '" +
+        rule + "'");
+  }
   const auto cohort = static_cast<std::size_t>(
       std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
   if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
@@ -202,6 +214,12 @@ ConfigSchema config_schema() {
            "stops with an error (0: retry for ever)")
       .add("server.selection", std::string("uniform"),
            "federated: uniform | weighted (by data size)")
+      .add("server.normalization", std::string("none"),
+           "federated: none | fednova. fednova: FedNova's normalised averaging (ALGORITHMS.md "
+           "1.7) for unequal local work: the server steps with tau_eff * sum_i p_i Delta_i / a_i, "
+           "tau_eff = sum_i p_i a_i, p_i = n_i / sum_j n_j, a_i the local work each client sends "
+           "with its push (a push without a_i > 0 is refused); needs aggregator.name = fedavg; "
+           "with dp.clip each Delta_i / a_i is clipped and p_i = 1/m")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
       .add("server.eval_every", std::int64_t{1},
            "evaluate on the test set every R rounds (0: never)")

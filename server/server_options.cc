@@ -96,6 +96,13 @@ RoundOptions round_options(const Config& c) {
 
 }  // namespace
 
+Normalization parse_normalization(const Config& c) {
+  const std::string value = c.get_string("server.normalization");
+  if (value == "none") return Normalization::kNone;
+  if (value == "fednova") return Normalization::kFedNova;
+  throw ConfigError("server.normalization must be none or fednova, got '" + value + "'");
+}
+
 ServerOptions server_options_from(const Config& c) {
   ServerOptions o;
   o.modes = parse_modes(c);
@@ -122,6 +129,7 @@ ServerOptions server_options_from(const Config& c) {
           .noise_multiplier = c.get_double("dp.noise_multiplier"),
           .delta = c.get_double("dp.delta"),
           .seed = static_cast<std::uint64_t>(c.get_int("dp.seed"))};
+  o.normalization = parse_normalization(c);
   o.train = train_forward(c.section("train"));
   o.metrics_file = c.get_string("server.metrics_file");
   o.aggregator = c.section("aggregator");

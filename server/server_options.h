@@ -20,6 +20,11 @@ namespace cohort::server {
 // server.selection: how the coordinator samples a federated round's cohort.
 enum class Selection : std::uint8_t { kUniform, kWeighted };
 
+// server.normalization: how a federated shard weighs updates of unequal local work.
+// kNone: FedAvg's sample-weighted mean. kFedNova: FedNova's normalised averaging
+// (docs/ALGORITHMS.md 1.7), each update divided by its Push.local_work a_i.
+enum class Normalization : std::uint8_t { kNone, kFedNova };
+
 // Who this process is in the federation, and where it listens and reports.
 struct NodeOptions {
   std::uint32_t index = 0;                      // server.shard (0 also coordinates)
@@ -114,6 +119,7 @@ struct ServerOptions {
   DataParallelOptions dataparallel;
   CheckpointOptions checkpoint;
   DpOptions dp;
+  Normalization normalization = Normalization::kNone;  // server.normalization (federated only)
   TrainForward train;
   std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
   // The plug-in API: the registries' factories read these sections themselves.
@@ -124,8 +130,12 @@ struct ServerOptions {
 };
 
 // The options of a federated, FedBuff or data-parallel server. Throws ConfigError only as
-// parse_modes() does (server.mode = decentralized, an unknown server.consistency).
+// parse_modes() and parse_normalization() do (server.mode = decentralized, an unknown
+// server.consistency or server.normalization).
 ServerOptions server_options_from(const Config& config);
+
+// server.normalization as an enum. Throws ConfigError naming the key for a value it does not know.
+Normalization parse_normalization(const Config& config);
 
 // server.mode = decentralized: the rendezvous's options (rendezvous.h).
 struct RendezvousOptions {

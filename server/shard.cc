@@ -117,7 +117,8 @@ namespace {
 
 std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& options) {
   switch (options.modes.mode) {
-    case transport::TrainingMode::kFederated: return make_federated_mode(core, options.dp);
+    case transport::TrainingMode::kFederated:
+      return make_federated_mode(core, options.dp, options.normalization);
     case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core, options.fedbuff);
     case transport::TrainingMode::kDataParallel:
       return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel);

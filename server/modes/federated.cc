@@ -1,9 +1,12 @@
 // Federated rounds (docs/ALGORITHMS.md section 1): the coordinator opens a round with its
 // selection, the selected clients push deltas that stream into the aggregation rule, and the round
-// closes in two phases (the rule's aggregate, DP noise, the server optimizer's step).
+// closes in two phases (the rule's aggregate, DP noise, FedNova's rescale, the server optimizer's
+// step).
 
+#include <cmath>
 #include <random>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 
 #include "cohort/aggregation/privacy.h"
@@ -17,9 +20,15 @@ namespace {
 
 using transport::Message;
 
+// Multiplies x by `factor`, in double, rounding once per element (factor 1 leaves x as it is).
+void scale_in_double(std::span<float> x, double factor) {
+  for (float& v : x) v = static_cast<float>(static_cast<double>(v) * factor);
+}
+
 class FederatedMode final : public ShardMode {
  public:
-  FederatedMode(ShardCore& core, const DpOptions& dp) : core_(core) {
+  FederatedMode(ShardCore& core, const DpOptions& dp, Normalization normalization)
+      : core_(core), fednova_(normalization == Normalization::kFedNova) {
     dp_clip_ = dp.clip;
     dp_noise_ = dp.noise_multiplier;
     dp_seed_ = dp.seed;
@@ -45,9 +54,11 @@ class FederatedMode final : public ShardMode {
     if (n > 0) {
       delta_ = FloatBuffer(core_.size());
       core_.prepared.ok = core_.aggregator->finish_round(delta_.span());
+      scale_ = fednova_scale();
     }
     if (!core_.prepared.ok) {
       delta_ = FloatBuffer();
+      scale_ = 1.0;
       core_.prepared.reason = core_.rule_refusal(n);
     }
   }
@@ -63,12 +74,20 @@ class FederatedMode final : public ShardMode {
             delta_.span(), aggregation::dp_fedavg_noise_stddev(dp_noise_, dp_clip_, 1.0, m),
             aggregation::compression_seed(dp_seed_, round, core_.index));
       }
+      // FedNova's rescale comes after the noise. Under DP it is tau_eff = mean a_i, and the
+      // step counts a_i are not the clients' data: the server assigned them (or they follow
+      // from the round's settings), so it knows them and multiplying the released noised mean
+      // by their mean is post-processing, which costs no privacy (a client whose a_i depended
+      // on its data would leak through it). Without DP the rescale could as well happen in
+      // prepare(): nothing reads delta_ in between.
+      if (scale_ != 1.0) scale_in_double(delta_.span(), scale_);
       core_.optimizer->apply_delta(core_.params.span(), delta_.span());
       ++core_.version;
     }
     // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds
     // just its parameters and the running sum.
     delta_ = FloatBuffer();
+    scale_ = 1.0;
     drop_open_round();
     core_.finish_close(round, commit);
   }
@@ -84,6 +103,7 @@ class FederatedMode final : public ShardMode {
     core_.prepared_round = 0;
     core_.prepared = {};
     delta_ = FloatBuffer();
+    scale_ = 1.0;
   }
 
  private:
@@ -91,6 +111,7 @@ class FederatedMode final : public ShardMode {
     bool rejected = false;
     ClientId client = 0;
     double weight = 1.0;
+    double samples = 0, work = 0;                       // n_i and FedNova's a_i (Push.local_work)
     std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
     FloatBuffer whole;  // the reassembled update: non-streaming rule or DP clipping
   };
@@ -101,6 +122,8 @@ class FederatedMode final : public ShardMode {
   Transfer start_transfer(const Message& m, const transport::Push& p);
   // Feeds one chunk of a taken transfer to the rule (or its reassembly buffer); false refuses.
   bool feed(Transfer& t, const Message& m, std::string& why);
+  // What close() multiplies the rule's aggregate by: 1, or FedNova's rescale (see nova_).
+  [[nodiscard]] double fednova_scale() const;
 
   // Forgets the open round: its transfers, senders and the rule's state.
   void drop_open_round() {
@@ -111,6 +134,7 @@ class FederatedMode final : public ShardMode {
     applied_.clear();
     streaming_.clear();
     selection_.clear();
+    nova_ = {};
   }
 
   // Buffers of finished transfers go back to the pools, so pushes never allocate.
@@ -127,7 +151,9 @@ class FederatedMode final : public ShardMode {
   }
 
   ShardCore& core_;
+  const bool fednova_;                 // server.normalization = fednova
   FloatBuffer delta_;                  // the aggregate, between phase one and phase two
+  double scale_ = 1.0;                 // what close() multiplies delta_ by (fednova_scale())
   std::uint64_t open_round_ = 0;       // the round whose pushes the rule is taking, or 0
   std::uint64_t selection_round_ = 0;  // the newest round the coordinator opened (RoundOpen)
   std::set<NodeId> selection_;         // who was selected for it
@@ -135,6 +161,12 @@ class FederatedMode final : public ShardMode {
   std::vector<FloatBuffer> spare_updates_;
   double dp_clip_ = 0, dp_noise_ = 0;
   std::uint64_t dp_seed_ = 0;
+  // FedNova (ALGORITHMS.md 1.7) over the open round's applied updates: sum n_i, sum n_i a_i,
+  // sum n_i / a_i, and for DP (uniform weights) sum a_i and their count.
+  struct NovaSums {
+    double n = 0, n_a = 0, n_over_a = 0, a = 0;
+    std::size_t count = 0;
+  } nova_;
   std::set<NodeId> pushed_;
   std::set<NodeId> applied_;    // senders whose update of the open round is complete and accepted
   std::set<NodeId> streaming_;  // senders whose update of the open round is streaming in
@@ -157,7 +189,26 @@ std::string FederatedMode::refusal(const Message& m, const transport::Push& p) c
   if (open_round_ != 0 && round != open_round_) return "push for another round";
   if (pushed_.contains(m.sender)) return "duplicate push for this round";
   if (p.num_samples == 0) return "zero samples";
+  if (fednova_ && !(p.local_work > 0 && std::isfinite(p.local_work))) {
+    std::ostringstream got;
+    got << p.local_work << (p.local_work == 0 ? " (not given)" : "");
+    return "server.normalization = fednova needs each push's local work a_i > 0 and finite, got " +
+           got.str();
+  }
   return {};
+}
+
+// FedNova's rescale (ALGORITHMS.md 1.20-1.23). Without DP the rule was fed weights w_i = n_i / a_i,
+// so it gives R = sum w_i Delta_i / sum w_i; the step is
+//   tau_eff * sum_i p_i Delta_i / a_i = R * (sum n_i / a_i) (sum n_i a_i) / (sum n_i)^2,
+// p_i = n_i / sum_j n_j, tau_eff = sum_i p_i a_i. With all a_i equal to a the factor is
+// (S/a)(a S)/S^2 = 1 up to rounding (exactly 1 when a is a power of two). A prefix of an abandoned
+// update that FedAvg kept counts in its coordinates' mean but not in these sums. Under DP the rule
+// averaged the clipped Delta_i / a_i with weight 1 (p_i = 1/m), so tau_eff is the mean a_i.
+double FederatedMode::fednova_scale() const {
+  if (!fednova_ || nova_.count == 0) return 1.0;
+  if (dp_clip_ > 0) return nova_.a / static_cast<double>(nova_.count);
+  return nova_.n_over_a * nova_.n_a / (nova_.n * nova_.n);
 }
 
 FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const transport::Push& p) {
@@ -198,8 +249,11 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
   }
   pushed_.insert(m.sender);
   streaming_.insert(m.sender);
-  // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean.
-  t.weight = dp_clip_ > 0 ? 1.0 : static_cast<double>(p.num_samples);
+  t.samples = static_cast<double>(p.num_samples);
+  t.work = fednova_ ? static_cast<double>(p.local_work) : 1.0;
+  // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean. FedNova
+  // without DP weighs update i by n_i / a_i (fednova_scale() restores the scale).
+  t.weight = dp_clip_ > 0 ? 1.0 : t.samples / t.work;
   if (p.encoding != transport::Encoding::kDenseF32)
     t.decoder = core_.take_decoder(*wire_format(p.encoding));
   if (!core_.aggregator->is_streaming() || dp_clip_ > 0) {
@@ -231,6 +285,11 @@ bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
   };
   if (!decode_chunk(m, t.decoder.get(), core_.decode_scratch, take, why)) return false;
   if (m.complete && !t.whole.empty()) {
+    // FedNova under DP normalises first, then clips: the clip bounds what enters the mean,
+    // Delta_i / a_i, so the sensitivity stays S / m whatever a_i is. Clipping Delta_i before the
+    // division would let a client with small a_i weigh up to S / a_i, and would clip a client with
+    // large a_i for the length of its work rather than for its direction.
+    if (fednova_ && dp_clip_ > 0) scale_in_double(t.whole.span(), 1.0 / t.work);
     // Each range is clipped to S as well: a client that skipped client.dp_clip is bounded by
     // S per shard (S sqrt(shards) in all); one that clipped is unchanged.
     if (dp_clip_ > 0) (void)aggregation::clip_l2(t.whole.span(), dp_clip_);
@@ -282,6 +341,11 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
     release(t);
     streaming_.erase(m.sender);
     applied_.insert(m.sender);
+    nova_.n += t.samples;
+    nova_.n_a += t.samples * t.work;
+    nova_.n_over_a += t.samples / t.work;
+    nova_.a += t.work;
+    ++nova_.count;
     core_.reply_ack(m, true, "");
     COHORT_LOG(Debug) << "shard " << core_.index << ": applied the update of " << m.sender
                       << " for round " << m.envelope.round;
@@ -290,8 +354,9 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
 
 }  // namespace
 
-std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp) {
-  return std::make_unique<FederatedMode>(core, dp);
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp,
+                                               Normalization normalization) {
+  return std::make_unique<FederatedMode>(core, dp, normalization);
 }
 
 }  // namespace cohort::server

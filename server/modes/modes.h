@@ -8,8 +8,11 @@
 
 namespace cohort::server {
 
-// Federated rounds: the coordinator's selection, streamed deltas into the aggregation rule, DP.
-std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp);
+// Federated rounds: the coordinator's selection, streamed deltas into the aggregation rule, DP,
+// FedNova's normalisation. REQUIRES for Normalization::kFedNova: the rule is fedavg (validate()
+// refuses any other).
+std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp,
+                                               Normalization normalization);
 // FedBuff: staleness-weighted deltas buffered until the coordinator steps every shard at K.
 std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core, const FedBuffOptions& options);
 // Data-parallel workers' gradients under BSP, ASP or SSP.
