@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -389,7 +390,11 @@ class Participant {
   }
 
   // Data-parallel: per step, pull the weights (the shards hold the pull until the consistency
-  // model lets this worker's clock through), compute one batch's gradient, push it.
+  // model lets this worker's clock through), compute one batch's gradient, push it. With speed
+  // batches (server.batch_policy = speed) shard 0's PullReply sets the step's batch b, the rows
+  // come from one stream of epochs (dataparallel_rows), and the push is the SUM of the b
+  // per-sample gradients with num_samples = b (ALGORITHMS.md 3.4); otherwise the mean over
+  // RoundStart.batch_size rows (dataparallel_batch).
   void run_dataparallel(const transport::RoundStart& rs) {
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::milliseconds(rs.deadline_ms);
@@ -404,13 +409,19 @@ class Participant {
     double loss_sum = 0;
     double compute_s = 0;
     auto params = net_->parameters();
+    std::uint32_t assigned = 0;  // shard 0's batch for the step (0: RoundStart's, a mean)
+    std::uint64_t cursor = 0;    // speed batches: rows taken so far from the stream of epochs
     for (std::uint64_t step = 0; step < rs.local_steps; ++step) {
-      if (!pull_all(*links_, shards(), steady_clock(), rs.round, step, params, xo)) {
+      if (!pull_all(*links_, shards(), steady_clock(), rs.round, step, params, xo, &assigned)) {
         report.message = "could not pull at step " + std::to_string(step);
         break;
       }
       const auto c0 = Clock::now();
-      const auto rows = dataparallel_batch(indices_, step, batch, seed);
+      const auto rows = assigned > 0 ? dataparallel_rows(indices_, cursor, assigned, seed)
+                                     : dataparallel_batch(indices_, step, batch, seed);
+      cursor += rows.size();
+      x.resize(rows.size() * train_.feature_dim());
+      y.resize(rows.size());
       for (std::size_t r = 0; r < rows.size(); ++r) {
         const auto row = train_.row(rows[r]);
         std::copy(row.begin(), row.end(), x.begin() + static_cast<std::ptrdiff_t>(r * row.size()));
@@ -419,6 +430,10 @@ class Participant {
       const auto logits = net_->forward(x, rows.size(), true);
       dlogits.resize(logits.size());
       loss_sum += kernels::softmax_cross_entropy(logits, y, net_->output_size(), dlogits);
+      if (assigned > 0) {  // d(sum of losses) = b x d(mean loss): the gradient becomes a sum
+        const auto b = static_cast<float>(rows.size());
+        for (float& d : dlogits) d *= b;
+      }
       net_->backward(dlogits);
       const auto gbytes = std::as_bytes(net_->gradients());
       compute_s += std::chrono::duration<double>(Clock::now() - c0).count();
@@ -445,7 +460,7 @@ class Participant {
       if (step + 1 == rs.local_steps) report.trained = true;
       if (options_.step_delay.count() > 0) std::this_thread::sleep_for(options_.step_delay);
     }
-    report.num_samples = rs.local_steps * batch;
+    report.num_samples = cursor > 0 && assigned > 0 ? cursor : rs.local_steps * batch;
     report.train_loss =
         rs.local_steps ? static_cast<float>(loss_sum / static_cast<double>(rs.local_steps)) : 0;
     report.train_seconds = static_cast<float>(compute_s);
@@ -538,6 +553,26 @@ std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> ind
   const std::size_t end = std::min(order.size(), pos + batch);
   return {order.begin() + static_cast<std::ptrdiff_t>(pos),
           order.begin() + static_cast<std::ptrdiff_t>(end)};
+}
+
+std::vector<std::uint32_t> dataparallel_rows(std::span<const std::uint32_t> indices,
+                                             std::uint64_t first, std::size_t count,
+                                             std::uint64_t seed) {
+  std::vector<std::uint32_t> rows;
+  if (indices.empty()) return rows;
+  rows.reserve(count);
+  std::vector<std::uint32_t> order;
+  std::uint64_t shuffled = std::numeric_limits<std::uint64_t>::max();  // the epoch in `order`
+  for (std::uint64_t k = first; k < first + count; ++k) {
+    const std::uint64_t epoch = k / indices.size();
+    if (epoch != shuffled) {
+      order.assign(indices.begin(), indices.end());
+      Rng::for_stream(seed, epoch).shuffle(std::span<std::uint32_t>(order));
+      shuffled = epoch;
+    }
+    rows.push_back(order[k % indices.size()]);
+  }
+  return rows;
 }
 
 int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop) {

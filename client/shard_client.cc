@@ -129,7 +129,8 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
 
 bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
               const Clock& clock, std::uint64_t round, std::uint64_t min_version,
-              std::span<float> params, const ExchangeOptions& options) {
+              std::span<float> params, const ExchangeOptions& options,
+              std::uint32_t* batch_size) {
   return exchange(
       links, clock,
       [&](std::size_t i) {
@@ -143,6 +144,7 @@ bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards
                               " holds parameters past the model's end");
         }
         std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
+        if (batch_size != nullptr && i == 0) *batch_size = r->batch_size;
         return true;
       },
       options);

@@ -35,6 +35,9 @@ const ModeKeys kModeKeys[] = {
     {"server.consistency", {kDataParallel}},
     {"server.staleness", {kDataParallel}},
     {"server.steps", {kDataParallel}},
+    {"server.batch_policy", {kDataParallel}},
+    {"server.max_worker_batch", {kDataParallel}},
+    {"server.rebalance_every", {kDataParallel}},
     {"server.buffer_size", {kFedBuff}},
     {"server.max_staleness", {kFedBuff}},
     {"server.concurrency", {kFedBuff}},
@@ -65,6 +68,35 @@ std::string minimum_formula(const std::string& rule) {
   if (rule == "krum" || rule == "multi_krum") return "2f+3";
   if (rule == "bulyan") return "4f+3";
   return "";
+}
+
+// server.batch_policy and the keys only `speed` reads (docs/ALGORITHMS.md 3.4).
+void validate_batch_policy(const Config& config) {
+  const BatchPolicy policy = parse_batch_policy(config);
+  const std::string consistency = config.get_string("server.consistency");
+  if (policy == BatchPolicy::kSpeed && consistency != "bsp") {
+    throw ConfigError(
+        "server.batch_policy = speed needs server.consistency = bsp (ASP and SSP keep equal "
+        "batches: their pace is not set by the slowest worker), got '" +
+        consistency + "'");
+  }
+  for (const char* key : {"server.max_worker_batch", "server.rebalance_every"}) {
+    if (policy != BatchPolicy::kSpeed && config.is_set(key)) {
+      throw ConfigError(std::string(key) + " applies to server.batch_policy = speed only");
+    }
+  }
+  if (config.get_int("server.rebalance_every") < 1) {
+    throw ConfigError("server.rebalance_every must be >= 1, got " +
+                      std::to_string(config.get_int("server.rebalance_every")));
+  }
+  const std::int64_t cap = config.get_int("server.max_worker_batch");
+  const std::int64_t batch = config.section("train").get_int("batch_size", 64);
+  if (cap < 0 || (cap > 0 && cap < batch)) {
+    throw ConfigError("server.max_worker_batch must be 0 (no cap) or at least train.batch_size = " +
+                      std::to_string(batch) +
+                      " (the workers must be able to take the global batch), got " +
+                      std::to_string(cap));
+  }
 }
 
 }  // namespace
@@ -114,6 +146,7 @@ void validate(const Config& config, const Registries& registries) {
   const auto rule_options = config.section("aggregator");
   const std::string rule = rule_options.get_string("name", "fedavg");
   const auto aggregator = registries.aggregators.create(rule, rule_options);
+  if (mode == kDataParallel) validate_batch_policy(config);
   if (mode != kFederated) return;
   // FedNova reweighs a sample-weighted mean (weights n_i / a_i, then a rescale); a rule that is
   // not such a mean (median, Krum, ...; norm_clip clips each update before its mean, so its
@@ -200,6 +233,18 @@ ConfigSchema config_schema() {
       .add("server.staleness", std::int64_t{2},
            "dataparallel ssp: how many clocks a worker may run ahead")
       .add("server.steps", std::int64_t{100}, "dataparallel: steps each worker takes")
+      .add("server.batch_policy", std::string("equal"),
+           "dataparallel: equal | speed. equal: every worker takes train.batch_size. speed (bsp "
+           "only): the global batch B = train.batch_size x workers is split in proportion to "
+           "each worker's speed as shard 0 measures it, so the workers finish a step together; "
+           "each pushes the sum of its per-sample gradients and the step is the one on the "
+           "whole B (ALGORITHMS.md 3.4)")
+      .add("server.max_worker_batch", std::int64_t{0},
+           "dataparallel, batch_policy = speed: the largest batch any worker is given (its "
+           "memory budget); the excess goes to the others (0: no cap)")
+      .add("server.rebalance_every", std::int64_t{50},
+           "dataparallel, batch_policy = speed: re-split the global batch every K steps (and "
+           "once every worker has a measured step)")
       .add("server.buffer_size", std::int64_t{10}, "fedbuff: K, updates per server step")
       .add("server.max_staleness", std::int64_t{-1},
            "fedbuff: refuse updates staler than this (-1: no bound)")

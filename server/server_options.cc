@@ -103,6 +103,13 @@ Normalization parse_normalization(const Config& c) {
   throw ConfigError("server.normalization must be none or fednova, got '" + value + "'");
 }
 
+BatchPolicy parse_batch_policy(const Config& c) {
+  const std::string value = c.get_string("server.batch_policy");
+  if (value == "equal") return BatchPolicy::kEqual;
+  if (value == "speed") return BatchPolicy::kSpeed;
+  throw ConfigError("server.batch_policy must be equal or speed, got '" + value + "'");
+}
+
 ServerOptions server_options_from(const Config& c) {
   ServerOptions o;
   o.modes = parse_modes(c);
@@ -131,6 +138,12 @@ ServerOptions server_options_from(const Config& c) {
           .seed = static_cast<std::uint64_t>(c.get_int("dp.seed"))};
   o.normalization = parse_normalization(c);
   o.train = train_forward(c.section("train"));
+  o.dataparallel.batch_policy = parse_batch_policy(c);
+  o.dataparallel.batch_size = std::max<std::uint32_t>(1, o.train.batch_size);
+  o.dataparallel.max_worker_batch =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(0, c.get_int("server.max_worker_batch")));
+  o.dataparallel.rebalance_every =
+      static_cast<std::uint64_t>(std::max<std::int64_t>(1, c.get_int("server.rebalance_every")));
   o.metrics_file = c.get_string("server.metrics_file");
   o.aggregator = c.section("aggregator");
   o.aggregator_name = o.aggregator.get_string("name", "fedavg");

@@ -82,11 +82,20 @@ struct FedBuffOptions {
   std::size_t concurrency = 10;     // server.concurrency, at least 1
 };
 
+// server.batch_policy: how a BSP data-parallel step's global batch is split over the workers.
+// kEqual: train.batch_size each, mean gradients summed. kSpeed: in proportion to each worker's
+// measured speed, gradient sums weighed by batch (docs/ALGORITHMS.md 3.4).
+enum class BatchPolicy : std::uint8_t { kEqual, kSpeed };
+
 // Data-parallel training (the consistency model is Modes::consistency).
 struct DataParallelOptions {
   std::uint64_t staleness = 2;  // server.staleness (SSP's bound), at least 0
   std::uint32_t steps = 100;    // server.steps each worker takes
   std::size_t workers = 10;     // server.clients_per_round, at least 1: a BSP step's pushes
+  BatchPolicy batch_policy = BatchPolicy::kEqual;  // server.batch_policy (kSpeed: BSP only)
+  std::uint64_t batch_size = 64;        // train.batch_size: B = workers x batch_size under kSpeed
+  std::uint64_t max_worker_batch = 0;   // server.max_worker_batch (0: no cap)
+  std::uint64_t rebalance_every = 50;   // server.rebalance_every, at least 1
 };
 
 struct CheckpointOptions {
@@ -136,6 +145,9 @@ ServerOptions server_options_from(const Config& config);
 
 // server.normalization as an enum. Throws ConfigError naming the key for a value it does not know.
 Normalization parse_normalization(const Config& config);
+
+// server.batch_policy as an enum. Throws ConfigError naming the key for a value it does not know.
+BatchPolicy parse_batch_policy(const Config& config);
 
 // server.mode = decentralized: the rendezvous's options (rendezvous.h).
 struct RendezvousOptions {

@@ -37,7 +37,7 @@ void ShardCore::reply_ack(const Message& m, bool ok, std::string reason) {
   out.send(m.peer, std::move(e));
 }
 
-void ShardCore::serve_pull(const Message& m, const transport::Pull& p) {
+void ShardCore::serve_pull(const Message& m, const transport::Pull& p, std::uint32_t batch_size) {
   if (p.begin < begin || p.end > end || p.begin > p.end) {
     Envelope e;
     e.body =
@@ -54,7 +54,8 @@ void ShardCore::serve_pull(const Message& m, const transport::Pull& p) {
                                 .begin = p.begin,
                                 .end = p.end,
                                 .version = version,
-                                .encoding = transport::Encoding::kDenseF32};
+                                .encoding = transport::Encoding::kDenseF32,
+                                .batch_size = batch_size};
   auto slice = params.span().subspan(p.begin - begin, p.end - p.begin);
   out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), nullptr});
 }
@@ -115,13 +116,15 @@ void ShardCore::give_back(std::unique_ptr<aggregation::PushDecoder> decoder) {
 
 namespace {
 
-std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& options) {
+std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& options,
+                                     const Clock& clock) {
   switch (options.modes.mode) {
     case transport::TrainingMode::kFederated:
       return make_federated_mode(core, options.dp, options.normalization);
     case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core, options.fedbuff);
     case transport::TrainingMode::kDataParallel:
-      return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel);
+      return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel,
+                                    clock);
   }
   throw ConfigError("unknown training mode");
 }
@@ -129,7 +132,7 @@ std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& optio
 }  // namespace
 
 Shard::Shard(const ServerOptions& options, const Registries& registries, Outbox& out,
-             MetricsSink* metrics)
+             MetricsSink* metrics, const Clock& clock)
     : registries_(registries),
       modes_(options.modes),
       aggregator_name_(options.aggregator_name),
@@ -139,7 +142,7 @@ Shard::Shard(const ServerOptions& options, const Registries& registries, Outbox&
       checkpoint_dir_(options.checkpoint.dir),
       model_seed_(options.model.seed),
       core_(options.checkpoint, out, options.node.index, options.node.shards, metrics),
-      mode_(make_mode(core_, options)) {}
+      mode_(make_mode(core_, options, clock)) {}
 
 Shard::~Shard() = default;
 

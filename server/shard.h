@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
+#include "cohort/core/clock.h"
 
 #include "shard_core.h"
 
@@ -22,9 +23,11 @@ class Shard {
  public:
   // Shard options.node.index of options.node.shards, in options.modes, answering through `out`.
   // `metrics` may be null (only shard 0 writes metrics). Keeps what it needs of `options`
-  // (checkpoints, DP, the mode's settings, the rule's and the optimizer's sections).
+  // (checkpoints, DP, the mode's settings, the rule's and the optimizer's sections). `clock`
+  // times the data-parallel workers' steps (server.batch_policy = speed); it must outlive the
+  // shard.
   Shard(const ServerOptions& options, const Registries& registries, Outbox& out,
-        MetricsSink* metrics);
+        MetricsSink* metrics, const Clock& clock = steady_clock());
   ~Shard();
 
   // Lays out the range and loads the newest checkpoint, or initialises from the model's seed.

@@ -46,7 +46,9 @@ struct ShardCore {
   // Answers push `m` with a PushAck carrying `ok`, `reason` and the current version.
   void reply_ack(const transport::Message& m, bool ok, std::string reason);
   // Answers pull `m` with its slice of the parameters, or a kBadRange error outside this range.
-  void serve_pull(const transport::Message& m, const transport::Pull& p);
+  // `batch_size` goes into the PullReply (data-parallel speed batches; 0: none).
+  void serve_pull(const transport::Message& m, const transport::Pull& p,
+                  std::uint32_t batch_size = 0);
   // Writes a checkpoint of the range, the version and the optimizer's state (when a store is set).
   void checkpoint();
   // Checkpoints when `count` is a multiple of checkpoint_every (and a store is set).

@@ -104,6 +104,7 @@ struct Writer {
     p.setEnd(m.end);
     p.setVersion(m.version);
     p.setEncoding(enc(m.encoding));
+    p.setBatchSize(m.batch_size);
   }
   void operator()(const Push& m) {
     auto p = b.initPush();
@@ -331,7 +332,7 @@ Body read_body(wire::Envelope::Body::Reader b) {
       auto p = b.getPullReply();
       if (p.getBegin() > p.getEnd()) throw ProtocolError("pullReply: range begins after it ends");
       return PullReply{p.getShard(), p.getBegin(), p.getEnd(), p.getVersion(),
-                       enc(p.getEncoding())};
+                       enc(p.getEncoding()), p.getBatchSize()};
     }
     case wire::Envelope::Body::PUSH: return read_push(b.getPush());
     case wire::Envelope::Body::PUSH_ACK: {

@@ -2,17 +2,23 @@
 // gradients it has pushed. Worker p pulls with its clock c in Pull.min_version; the pull is
 // answered when c - min_q c_q <= s (BSP: s = 0, ASP: always). ASP and SSP apply each gradient as it
 // completes; BSP buffers the n gradients of a step and applies their sum in a fixed (worker id)
-// order, so a run is bit-reproducible.
+// order, so a run is bit-reproducible. Under BSP with server.batch_policy = speed (ALGORITHMS.md
+// 3.4) the workers' batches differ: each pushes the sum of its per-sample gradients over its
+// b_p samples (Push.num_samples = b_p), and the step applies n / B times the sum, B = sum b_p,
+// which is the equal policy's step (the sum of n mean gradients) over the same B samples. Shard 0
+// times each worker's step and hands out the batches (BatchBalancer) in its PullReplies.
 
 #include <algorithm>
 #include <deque>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
 #include "cohort/kernels/primitives.h"
 
+#include "../batch_balancer.h"
 #include "modes.h"
 
 namespace cohort::server {
@@ -22,10 +28,17 @@ using transport::Message;
 
 class DataParallelMode final : public ShardMode {
  public:
-  DataParallelMode(ShardCore& core, Consistency consistency, const DataParallelOptions& options)
-      : core_(core), consistency_(consistency) {
+  DataParallelMode(ShardCore& core, Consistency consistency, const DataParallelOptions& options,
+                   const Clock& clock)
+      : core_(core), consistency_(consistency), clock_(clock) {
     staleness_bound_ = options.staleness;
     workers_ = options.workers;
+    batch_size_ = options.batch_size;
+    speed_ = consistency == Consistency::kBsp && options.batch_policy == BatchPolicy::kSpeed;
+    if (speed_ && core.index == 0) {
+      balancer_.emplace(options.workers, options.batch_size, options.max_worker_batch,
+                        options.rebalance_every);
+    }
   }
 
   void on_pull(Message& m, const transport::Pull& p) override {
@@ -64,6 +77,13 @@ class DataParallelMode final : public ShardMode {
   void apply(const Message& m, FloatBuffer& g);
   void on_streamed_gradient_chunk(Message& m, const std::string& key);
 
+  // Speed batches: why push `p` of worker `w` is refused ("" if it is not), its samples and step
+  // time taken in, the step's sum scaled to n / B, and the balancer told the step closed.
+  [[nodiscard]] std::string check_samples(const NodeId& w, const transport::Push& p) const;
+  void note_samples(const Message& m, std::uint64_t clock);
+  void scale_step(std::uint64_t clock);
+  void step_done(std::uint64_t clock);
+
   // ASP and SSP with an elementwise optimizer apply a gradient as it streams in, chunk by chunk,
   // straight from the received bytes (in plaintext, the received frame itself, never copied):
   // each chunk is checked for NaN/Inf and applied while it is hot in cache, so the step costs one
@@ -80,6 +100,13 @@ class DataParallelMode final : public ShardMode {
 
   ShardCore& core_;
   Consistency consistency_;
+  const Clock& clock_;
+  std::uint64_t batch_size_ = 1;  // train.batch_size
+  bool speed_ = false;            // BSP with server.batch_policy = speed
+  std::optional<BatchBalancer> balancer_;  // shard 0 under speed_
+  // Shard 0 under speed_: when each worker's last pull was answered, for which clock.
+  std::map<NodeId, std::pair<std::uint64_t, TimePoint>> served_;
+  std::map<std::uint64_t, std::uint64_t> step_samples_;  // speed_: samples pushed per open step
   std::uint64_t staleness_bound_ = 0;
   std::size_t workers_ = 1;
   std::map<NodeId, std::uint64_t> clocks_;
@@ -99,15 +126,19 @@ void DataParallelMode::serve_pending_pulls() {
   for (auto it = pending_pulls_.begin(); it != pending_pulls_.end();) {
     const std::uint64_t clock = it->pull.min_version;
     if (asp || clock <= slowest + bound) {
+      // A speed batch is fixed for the whole step: it changes only when a step closes.
+      const std::uint64_t batch = balancer_ ? balancer_->batch(it->worker, clock) : batch_size_;
+      if (balancer_) served_[it->worker] = {clock, clock_.now()};
       if (core_.metrics != nullptr) {
         core_.metrics->write("dp_pull", {{"shard", std::uint64_t{core_.index}},
                                          {"worker", it->worker},
                                          {"clock", clock},
                                          {"min_clock", slowest},
-                                         {"version", core_.version}});
+                                         {"version", core_.version},
+                                         {"batch", batch}});
       }
       const Message m{.peer = it->peer, .sender = it->worker, .envelope = it->envelope};
-      core_.serve_pull(m, it->pull);
+      core_.serve_pull(m, it->pull, balancer_ ? static_cast<std::uint32_t>(batch) : 0);
       it = pending_pulls_.erase(it);
     } else {
       ++it;
@@ -125,6 +156,7 @@ bool DataParallelMode::start(const Message& m, const transport::Push& p, const s
     why = "gradient for clock " + std::to_string(p.clock) + ", expected " +
           std::to_string(clocks_[m.sender]);
   }
+  if (why.empty() && speed_) why = check_samples(m.sender, p);
   if (!why.empty()) {
     core_.reply_ack(m, false, why);
     if (!m.complete) rejected_transfers_.insert(key);
@@ -205,6 +237,7 @@ void DataParallelMode::apply(const Message& m, FloatBuffer& g) {
   } recycle{spare_, g};
   const std::uint64_t clock = clocks_[m.sender]++;
   if (consistency_ == Consistency::kBsp) {
+    if (speed_) note_samples(m, clock);
     step_buffer_[clock][m.sender] = std::move(g);
     auto& step = step_buffer_[clock];
     if (step.size() >= workers_) {
@@ -215,9 +248,11 @@ void DataParallelMode::apply(const Message& m, FloatBuffer& g) {
         for (std::size_t i = 0; i < step_sum_.size(); ++i) step_sum_[i] += grad[i];
         spare_.push_back(std::move(grad));
       }
+      if (speed_) scale_step(clock);
       core_.optimizer->apply_gradient(core_.params.span(), step_sum_.span());
       ++core_.version;
       step_buffer_.erase(clock);
+      if (speed_) step_done(clock);
     }
   } else {
     core_.optimizer->apply_gradient(core_.params.span(), g.span());
@@ -264,11 +299,59 @@ void DataParallelMode::on_streamed_gradient_chunk(Message& m, const std::string&
   serve_pending_pulls();
 }
 
+std::string DataParallelMode::check_samples(const NodeId& w, const transport::Push& p) const {
+  if (p.num_samples == 0) {
+    return "gradient over 0 samples (server.batch_policy = speed weighs each by its samples)";
+  }
+  if (balancer_ && p.num_samples != balancer_->batch(w, p.clock)) {
+    return "gradient over " + std::to_string(p.num_samples) + " samples, but the batch for clock " +
+           std::to_string(p.clock) + " is " + std::to_string(balancer_->batch(w, p.clock));
+  }
+  return "";
+}
+
+void DataParallelMode::note_samples(const Message& m, std::uint64_t clock) {
+  if (const auto* p = std::get_if<transport::Push>(&m.envelope.body)) {
+    step_samples_[clock] += p->num_samples;
+  }
+  if (!balancer_) return;
+  const auto it = served_.find(m.sender);
+  if (it == served_.end() || it->second.first != clock) return;
+  balancer_->measured(m.sender, clock,
+                      std::chrono::duration<double>(clock_.now() - it->second.second).count());
+}
+
+// (3.4) with Cohort's BSP scale: the equal policy steps with the sum of the n workers' mean
+// gradients, n times the mean over the global batch, so the sum of the gradient sums is scaled by
+// n / B; with equal batches the two policies take the same step.
+void DataParallelMode::scale_step(std::uint64_t clock) {
+  const auto it = step_samples_.find(clock);
+  const std::uint64_t samples = it == step_samples_.end() ? 0 : it->second;
+  if (it != step_samples_.end()) step_samples_.erase(it);
+  if (samples == 0) return;  // check_samples() refuses a gradient over no samples
+  const float scale = static_cast<float>(static_cast<double>(workers_) / double(samples));
+  for (std::size_t i = 0; i < step_sum_.size(); ++i) step_sum_[i] *= scale;
+}
+
+void DataParallelMode::step_done(std::uint64_t clock) {
+  if (!balancer_ || !balancer_->step_closed(clock)) return;
+  if (core_.metrics == nullptr) return;
+  for (const auto& [w, b] : balancer_->batches()) {
+    const auto s = balancer_->speeds().find(w);
+    core_.metrics->write("dp_rebalance",
+                         {{"step", clock + 1},
+                          {"worker", w},
+                          {"batch", b},
+                          {"speed", s == balancer_->speeds().end() ? 0.0 : s->second}});
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency,
-                                                  const DataParallelOptions& options) {
-  return std::make_unique<DataParallelMode>(core, consistency, options);
+                                                  const DataParallelOptions& options,
+                                                  const Clock& clock) {
+  return std::make_unique<DataParallelMode>(core, consistency, options, clock);
 }
 
 }  // namespace cohort::server

@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include "cohort/core/clock.h"
+
 #include "../shard_core.h"
 
 namespace cohort::server {
@@ -15,8 +17,10 @@ std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions&
                                                Normalization normalization);
 // FedBuff: staleness-weighted deltas buffered until the coordinator steps every shard at K.
 std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core, const FedBuffOptions& options);
-// Data-parallel workers' gradients under BSP, ASP or SSP.
+// Data-parallel workers' gradients under BSP, ASP or SSP; under BSP with BatchPolicy::kSpeed,
+// shard 0 times each worker's step with `clock` (which must outlive the mode) and sizes its batch.
 std::unique_ptr<ShardMode> make_dataparallel_mode(ShardCore& core, Consistency consistency,
-                                                  const DataParallelOptions& options);
+                                                  const DataParallelOptions& options,
+                                                  const Clock& clock);
 
 }  // namespace cohort::server

@@ -145,6 +145,8 @@ struct PullReply {
   end @2 :UInt64;
   version @3 :UInt64;
   encoding @4 :Encoding;
+  batchSize @5 :UInt32;     # data-parallel, server.batch_policy = speed, shard 0 only: the
+                            # worker's batch for the step this pull is answered for (0: none)
 }
 
 enum PushKind {

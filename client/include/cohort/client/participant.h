@@ -71,4 +71,12 @@ std::vector<std::uint32_t> dataparallel_batch(std::span<const std::uint32_t> ind
                                               std::size_t step, std::size_t batch,
                                               std::uint64_t seed);
 
+// The rows a data-parallel worker uses under speed batches, whose size changes between steps:
+// rows [first, first + count) of one stream of epochs, epoch e being `indices` shuffled by
+// Rng::for_stream(seed, e) (as dataparallel_batch's, nothing dropped: a batch may span two
+// epochs). Deterministic, for the same replay. Empty when indices is.
+std::vector<std::uint32_t> dataparallel_rows(std::span<const std::uint32_t> indices,
+                                             std::uint64_t first, std::size_t count,
+                                             std::uint64_t seed);
+
 }  // namespace cohort::client

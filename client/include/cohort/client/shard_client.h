@@ -125,9 +125,11 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
               const AcceptAnswer& accept, const ExchangeOptions& options);
 
 // Pulls every shard's range into `params` (the flat model). False at the deadline or on stop.
+// `batch_size`, when given, receives shard 0's PullReply.batch_size (data-parallel speed batches).
 bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
               const Clock& clock, std::uint64_t round, std::uint64_t min_version,
-              std::span<float> params, const ExchangeOptions& options);
+              std::span<float> params, const ExchangeOptions& options,
+              std::uint32_t* batch_size = nullptr);
 
 struct PushOutcome {
   bool answered = false;              // every shard acknowledged before the deadline

@@ -108,6 +108,9 @@ struct PullReply {
   std::uint64_t end = 0;
   std::uint64_t version = 0;
   Encoding encoding = Encoding::kDenseF32;
+  // Data-parallel with server.batch_policy = speed, from shard 0: the batch this worker takes at
+  // the step the pull was answered for (0: none given, use RoundStart.batch_size).
+  std::uint32_t batch_size = 0;
   bool operator==(const PullReply&) const = default;
 };
 struct Push {
