@@ -129,8 +129,7 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
 
 bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
               const Clock& clock, std::uint64_t round, std::uint64_t min_version,
-              std::span<float> params, const ExchangeOptions& options,
-              std::uint32_t* batch_size) {
+              std::span<float> params, const ExchangeOptions& options, std::uint32_t* batch_size) {
   return exchange(
       links, clock,
       [&](std::size_t i) {

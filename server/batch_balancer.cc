@@ -42,8 +42,8 @@ std::vector<double> real_shares(std::span<const double> speeds, double global, d
 
 }  // namespace
 
-std::vector<std::uint64_t> speed_batches(std::span<const double> speeds,
-                                         std::uint64_t global_batch, std::uint64_t cap) {
+std::vector<std::uint64_t> speed_batches(std::span<const double> speeds, std::uint64_t global_batch,
+                                         std::uint64_t cap) {
   const std::size_t n = speeds.size();
   COHORT_CHECK(n >= 1 && n <= global_batch) << n << " workers, global batch " << global_batch;
   COHORT_CHECK(cap == 0 || n * cap >= global_batch) << "cap " << cap << " x " << n << " workers";

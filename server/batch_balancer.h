@@ -1,7 +1,7 @@
 // Speed-proportional batches for BSP data-parallel training (docs/ALGORITHMS.md 3.4): the global
 // batch B stays fixed and each worker takes a share in proportion to its measured speed, so that
 // all finish a step together instead of waiting for the slowest. Shard 0 keeps the balancer: it
-// sees each worker's pull answered and its gradient arrive, and tells each worker its batch in
+// sees each step close and each worker's gradient arrive, and tells each worker its batch in
 // the PullReply of the step. Internal to the server library.
 //
 // Thread-safety: none; the shard's thread owns it.
@@ -24,8 +24,8 @@ namespace cohort::server {
 // each, to the largest remainders (ties: the faster worker, then the lower index), never past
 // the cap. Deterministic. REQUIRES: speeds not empty, speeds.size() <= global_batch, and cap = 0
 // or speeds.size() * cap >= global_batch (COHORT_CHECK otherwise).
-std::vector<std::uint64_t> speed_batches(std::span<const double> speeds,
-                                         std::uint64_t global_batch, std::uint64_t cap);
+std::vector<std::uint64_t> speed_batches(std::span<const double> speeds, std::uint64_t global_batch,
+                                         std::uint64_t cap);
 
 // Shard 0's per-worker batches over a BSP run. Every worker starts at `batch_size` (B = workers x
 // batch_size, as the equal policy); once every worker has a measured step, and then every
@@ -41,11 +41,12 @@ class BatchBalancer {
   // The batch worker `w` takes at `step` (batch_size for a worker not balanced yet).
   [[nodiscard]] std::uint64_t batch(const NodeId& w, std::uint64_t step) const;
 
-  // Worker `w` took `seconds` from its pull for `step` being answered to its gradient arriving,
-  // over batch(w, step) samples: one sample of its speed, smoothed by an exponential moving
-  // average. This is the worker's whole share of the step's critical path (compute and both
-  // transfers), so equalising it is what makes the workers finish together. Step 0 is not
-  // measured (it carries start-up costs), nor is a time <= 0.
+  // Worker `w` took `seconds` from the start of `step` (the step before it closed) to its
+  // gradient arriving, over batch(w, step) samples: one sample of its speed, smoothed by an
+  // exponential moving average. This is the worker's whole share of the step's critical path
+  // (its pull, compute and push), so equalising it is what makes the workers finish together.
+  // Step 0 is not measured (it has no common start, and carries start-up costs), nor is a
+  // time <= 0.
   void measured(const NodeId& w, std::uint64_t step, double seconds);
 
   // Step `step` closed (all its gradients applied). Returns true when the batches change from

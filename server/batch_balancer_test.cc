@@ -50,7 +50,8 @@ TEST_CASE("speed_batches: one worker k times slower gets about B / (k (n - 1) + 
 
 TEST_CASE("speed_batches: a capped worker's excess goes to the others in proportion to speed") {
   // Uncapped the fast worker would take 24 of 30; at 12 the other 18 go 1 : 1, then 1 : 2.
-  CHECK(speed_batches(std::vector<double>{1, 1, 8}, 30, 12) == std::vector<std::uint64_t>{9, 9, 12});
+  CHECK(speed_batches(std::vector<double>{1, 1, 8}, 30, 12) ==
+        std::vector<std::uint64_t>{9, 9, 12});
   CHECK(speed_batches(std::vector<double>{1, 2, 8}, 30, 12) ==
         std::vector<std::uint64_t>{6, 12, 12});
   // Every worker capped exactly at the global batch's share: all at the cap.
@@ -101,9 +102,9 @@ TEST_CASE("BatchBalancer: step 0 unmeasured, first split once all are timed, the
   bal.measured("a", 0, 0.001);  // start-up: ignored
   bal.measured("b", 0, 1.0);
   CHECK_FALSE(bal.step_closed(0));
-  bal.measured("a", 1, 1.0);  // 8 samples/s
+  bal.measured("a", 1, 1.0);        // 8 samples/s
   CHECK_FALSE(bal.step_closed(1));  // b has no speed yet
-  bal.measured("b", 2, 3.0);  // 8/3 samples/s: a is 3x faster
+  bal.measured("b", 2, 3.0);        // 8/3 samples/s: a is 3x faster
   CHECK(bal.step_closed(2));
   CHECK(bal.batch("a", 3) == 12);
   CHECK(bal.batch("b", 3) == 4);
@@ -113,7 +114,8 @@ TEST_CASE("BatchBalancer: step 0 unmeasured, first split once all are timed, the
   bal.measured("a", 3, 1.0);
   bal.measured("b", 3, 1.0);
   CHECK(bal.speeds().at("a") == doctest::Approx(8 + BatchBalancer::kSmoothing * (12 - 8)));
-  CHECK(bal.speeds().at("b") == doctest::Approx(8.0 / 3 + BatchBalancer::kSmoothing * (4 - 8.0 / 3)));
+  CHECK(bal.speeds().at("b") ==
+        doctest::Approx(8.0 / 3 + BatchBalancer::kSmoothing * (4 - 8.0 / 3)));
   CHECK_FALSE(bal.step_closed(3));
   CHECK_FALSE(bal.step_closed(4));
   CHECK(bal.batch("a", 5) == 12);
@@ -133,10 +135,9 @@ struct SpeedShard {
     shard.setup("mlp:2-2", kModelSize);
   }
   void pull(const NodeId& w, std::uint64_t clock_value) {
-    auto m = testing::message(w, transport::Pull{.shard = 0,
-                                                 .begin = shard.begin(),
-                                                 .end = shard.end(),
-                                                 .min_version = clock_value});
+    auto m = testing::message(
+        w, transport::Pull{
+               .shard = 0, .begin = shard.begin(), .end = shard.end(), .min_version = clock_value});
     REQUIRE(shard.handle(m));
   }
   // The last PullReply's batch to `w`, and how many `w` got.
@@ -250,11 +251,10 @@ TEST_CASE(
 
 TEST_CASE("BSP speed batches with equal batches take the equal policy's step, bit for bit") {
   SpeedShard speed({"server.mode=dataparallel", "server.consistency=bsp",
-                    "server.batch_policy=speed", "server.clients_per_round=2",
-                    "train.batch_size=4", "server_optimizer.lr=0.3"});
-  SpeedShard equal({"server.mode=dataparallel", "server.consistency=bsp",
-                    "server.clients_per_round=2", "train.batch_size=4",
+                    "server.batch_policy=speed", "server.clients_per_round=2", "train.batch_size=4",
                     "server_optimizer.lr=0.3"});
+  SpeedShard equal({"server.mode=dataparallel", "server.consistency=bsp",
+                    "server.clients_per_round=2", "train.batch_size=4", "server_optimizer.lr=0.3"});
   REQUIRE(speed.params() == equal.params());
   // Sums over 4 samples are 4 x the means exactly (a power of two), and so is n / B = 1/4.
   auto sa = gradient_sum(0, 4), sb = gradient_sum(1, 4);
@@ -307,8 +307,8 @@ TEST_CASE("server.batch_policy and its keys: start-up refuses what cannot be hon
         "server.rebalance_every applies to server.batch_policy = speed only");
   CHECK(refusal(with({"server.batch_policy=speed", "server.rebalance_every=0"})) ==
         "server.rebalance_every must be >= 1, got 0");
-  CHECK(refusal(with({"server.batch_policy=speed", "train.batch_size=32",
-                      "server.max_worker_batch=16"})) ==
+  CHECK(refusal(with(
+            {"server.batch_policy=speed", "train.batch_size=32", "server.max_worker_batch=16"})) ==
         "server.max_worker_batch must be 0 (no cap) or at least train.batch_size = 32 (the "
         "workers must be able to take the global batch), got 16");
   CHECK(refusal({"server.mode=federated", "server.batch_policy=equal"}) ==

@@ -93,9 +93,9 @@ struct DataParallelOptions {
   std::uint32_t steps = 100;    // server.steps each worker takes
   std::size_t workers = 10;     // server.clients_per_round, at least 1: a BSP step's pushes
   BatchPolicy batch_policy = BatchPolicy::kEqual;  // server.batch_policy (kSpeed: BSP only)
-  std::uint64_t batch_size = 64;        // train.batch_size: B = workers x batch_size under kSpeed
-  std::uint64_t max_worker_batch = 0;   // server.max_worker_batch (0: no cap)
-  std::uint64_t rebalance_every = 50;   // server.rebalance_every, at least 1
+  std::uint64_t batch_size = 64;       // train.batch_size: B = workers x batch_size under kSpeed
+  std::uint64_t max_worker_batch = 0;  // server.max_worker_batch (0: no cap)
+  std::uint64_t rebalance_every = 50;  // server.rebalance_every, at least 1
 };
 
 struct CheckpointOptions {

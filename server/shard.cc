@@ -123,8 +123,7 @@ std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& optio
       return make_federated_mode(core, options.dp, options.normalization);
     case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core, options.fedbuff);
     case transport::TrainingMode::kDataParallel:
-      return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel,
-                                    clock);
+      return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel, clock);
   }
   throw ConfigError("unknown training mode");
 }

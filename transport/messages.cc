@@ -331,8 +331,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
     case wire::Envelope::Body::PULL_REPLY: {
       auto p = b.getPullReply();
       if (p.getBegin() > p.getEnd()) throw ProtocolError("pullReply: range begins after it ends");
-      return PullReply{p.getShard(), p.getBegin(), p.getEnd(), p.getVersion(),
-                       enc(p.getEncoding()), p.getBatchSize()};
+      return PullReply{p.getShard(),   p.getBegin(),         p.getEnd(),
+                       p.getVersion(), enc(p.getEncoding()), p.getBatchSize()};
     }
     case wire::Envelope::Body::PUSH: return read_push(b.getPush());
     case wire::Envelope::Body::PUSH_ACK: {

@@ -101,11 +101,14 @@ class DataParallelMode final : public ShardMode {
   ShardCore& core_;
   Consistency consistency_;
   const Clock& clock_;
-  std::uint64_t batch_size_ = 1;  // train.batch_size
-  bool speed_ = false;            // BSP with server.batch_policy = speed
+  std::uint64_t batch_size_ = 1;           // train.batch_size
+  bool speed_ = false;                     // BSP with server.batch_policy = speed
   std::optional<BatchBalancer> balancer_;  // shard 0 under speed_
-  // Shard 0 under speed_: when each worker's last pull was answered, for which clock.
-  std::map<NodeId, std::pair<std::uint64_t, TimePoint>> served_;
+  // Shard 0 under speed_: when the open step began (the step before it closed). A worker's time
+  // for the step runs from there to its gradient: everything it does between two gradients
+  // (its next pull, the transfers, the compute) is on the step's critical path.
+  std::uint64_t open_step_ = 0;
+  TimePoint open_since_{};
   std::map<std::uint64_t, std::uint64_t> step_samples_;  // speed_: samples pushed per open step
   std::uint64_t staleness_bound_ = 0;
   std::size_t workers_ = 1;
@@ -128,7 +131,6 @@ void DataParallelMode::serve_pending_pulls() {
     if (asp || clock <= slowest + bound) {
       // A speed batch is fixed for the whole step: it changes only when a step closes.
       const std::uint64_t batch = balancer_ ? balancer_->batch(it->worker, clock) : batch_size_;
-      if (balancer_) served_[it->worker] = {clock, clock_.now()};
       if (core_.metrics != nullptr) {
         core_.metrics->write("dp_pull", {{"shard", std::uint64_t{core_.index}},
                                          {"worker", it->worker},
@@ -314,11 +316,9 @@ void DataParallelMode::note_samples(const Message& m, std::uint64_t clock) {
   if (const auto* p = std::get_if<transport::Push>(&m.envelope.body)) {
     step_samples_[clock] += p->num_samples;
   }
-  if (!balancer_) return;
-  const auto it = served_.find(m.sender);
-  if (it == served_.end() || it->second.first != clock) return;
+  if (!balancer_ || clock != open_step_) return;
   balancer_->measured(m.sender, clock,
-                      std::chrono::duration<double>(clock_.now() - it->second.second).count());
+                      std::chrono::duration<double>(clock_.now() - open_since_).count());
 }
 
 // (3.4) with Cohort's BSP scale: the equal policy steps with the sum of the n workers' mean
@@ -334,7 +334,10 @@ void DataParallelMode::scale_step(std::uint64_t clock) {
 }
 
 void DataParallelMode::step_done(std::uint64_t clock) {
-  if (!balancer_ || !balancer_->step_closed(clock)) return;
+  if (!balancer_) return;
+  open_step_ = clock + 1;
+  open_since_ = clock_.now();
+  if (!balancer_->step_closed(clock)) return;
   if (core_.metrics == nullptr) return;
   for (const auto& [w, b] : balancer_->batches()) {
     const auto s = balancer_->speeds().find(w);
