@@ -1,0 +1,162 @@
+// Data-parallel BSP with one worker really slower: a CPU quota on its process (a cgroup, root
+// only), equal batches against speed-proportional ones (docs/ALGORITHMS.md 3.4). The steps per
+// second of both runs are printed, never asserted (timings depend on the machine); what is
+// asserted holds on any machine: every step's batches sum to the global batch, the equal run
+// keeps train.batch_size each, the speed run rebalanced. Its own binary: it skips where no
+// cgroup can be made.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "federation.h"
+#include "skip.h"
+
+using namespace std::chrono_literals;
+using cohort::test::Federation;
+
+namespace {
+
+// Writes `text` to `path` (a cgroup control file); false when the kernel refuses it.
+bool write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+bool offers_cpu(const std::filesystem::path& controllers) {
+  std::ifstream in(controllers);
+  std::string word;
+  while (in >> word) {
+    if (word == "cpu") return true;
+  }
+  return false;
+}
+
+// A CPU quota for the processes added to it: cgroup v2's cpu.max where a cgroup2 hierarchy
+// offers the cpu controller, else cgroup v1's cpu.cfs_quota_us. Removed when destroyed (after
+// its processes have exited).
+class CpuLimit {
+ public:
+  // A group held to `cpus` CPUs (0.25: a quarter of one), or null with `why`.
+  static std::unique_ptr<CpuLimit> make(double cpus, std::string& why) {
+    if (::geteuid() != 0) {
+      why = "needs root (makes a cgroup)";
+      return nullptr;
+    }
+    const std::string name = "cohort-hetero-" + std::to_string(::getpid());
+    const auto period = 10000, quota = static_cast<int>(cpus * period);
+    for (const std::filesystem::path root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
+      if (!offers_cpu(root / "cgroup.controllers")) continue;
+      (void)write_file(root / "cgroup.subtree_control", "+cpu");
+      auto limit = std::unique_ptr<CpuLimit>(new CpuLimit(root / name));
+      if (limit->made_ &&
+          write_file(limit->dir_ / "cpu.max", std::to_string(quota) + " " + std::to_string(period)))
+        return limit;
+    }
+    const std::filesystem::path v1 = "/sys/fs/cgroup/cpu";
+    if (std::filesystem::exists(v1 / "cpu.cfs_quota_us")) {
+      auto limit = std::unique_ptr<CpuLimit>(new CpuLimit(v1 / name));
+      if (limit->made_ && write_file(limit->dir_ / "cpu.cfs_period_us", std::to_string(period)) &&
+          write_file(limit->dir_ / "cpu.cfs_quota_us", std::to_string(quota)))
+        return limit;
+    }
+    why = "no writable cgroup with the cpu controller (v2 cpu.max or v1 cpu.cfs_quota_us)";
+    return nullptr;
+  }
+  CpuLimit(const CpuLimit&) = delete;
+  CpuLimit& operator=(const CpuLimit&) = delete;
+  ~CpuLimit() {
+    std::error_code ec;
+    if (made_) std::filesystem::remove(dir_, ec);  // rmdir: the kernel drops its files
+  }
+
+  bool add(pid_t pid) { return write_file(dir_ / "cgroup.procs", std::to_string(pid)); }
+
+ private:
+  explicit CpuLimit(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    made_ = std::filesystem::create_directory(dir_, ec);
+  }
+  std::filesystem::path dir_;
+  bool made_ = false;
+};
+
+struct Outcome {
+  double steps_per_s = 0;
+  std::map<std::string, std::uint32_t> last_batches;  // each worker's batch at the last step
+  std::string rebalances;                             // "step: batches" at each rebalance
+};
+
+constexpr int kWorkers = 3, kSteps = 60, kBatch = 256;
+
+Outcome run(const std::string& policy, CpuLimit& slow) {
+  std::vector<std::string> args{"--server.mode=dataparallel", "--server.consistency=bsp",
+                                 "--server.batch_policy=" + policy, "--server.steps=" + std::to_string(kSteps),
+                                 "--server.clients_per_round=3", "--server.min_clients=3",
+                                 "--train.batch_size=" + std::to_string(kBatch), "--server.eval_every=0"};
+  if (policy == "speed") args.emplace_back("--server.rebalance_every=20");
+  Federation f(1, kWorkers, args);
+  for (int i = 0; i < kWorkers; ++i) f.client_extra[i] = {"--client.threads=1"};
+  f.start_servers();
+  for (int i = 0; i < kWorkers; ++i) {
+    f.start_client(i);
+    if (i == kWorkers - 1) REQUIRE(slow.add(f.clients.back().pid()));
+  }
+  REQUIRE(f.wait(300s) == 0);
+  Outcome o;
+  const auto rounds = f.records("round");
+  REQUIRE(rounds.size() == 1);
+  o.steps_per_s = kSteps / rounds[0]["round_seconds"].get<double>();
+  std::map<std::int64_t, std::uint32_t> sums;
+  for (const auto& p : f.records("dp_pull")) {
+    const auto clock = p["clock"].get<std::int64_t>();
+    const auto b = p["batch"].get<std::uint32_t>();
+    sums[clock] += b;
+    if (policy == "equal") CHECK(b == kBatch);
+    if (clock == kSteps - 1) o.last_batches[p["worker"].get<std::string>()] = b;
+  }
+  CHECK(sums.size() == kSteps);
+  for (const auto& [clock, sum] : sums) CHECK(sum == kWorkers * kBatch);
+  const auto rebalances = f.records("dp_rebalance");
+  if (policy == "speed") CHECK(!rebalances.empty());
+  std::int64_t at = -1;
+  for (const auto& r : rebalances) {
+    if (r["step"].get<std::int64_t>() != at) {
+      at = r["step"].get<std::int64_t>();
+      o.rebalances += "\n  from step " + std::to_string(at) + ":";
+    }
+    std::ostringstream speed;
+    speed.precision(4);
+    speed << r["speed"].get<double>();
+    o.rebalances += " " + r["worker"].get<std::string>() + " " +
+                    std::to_string(r["batch"].get<std::uint32_t>()) + " (" + speed.str() + "/s)";
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("BSP with one worker held to a quarter CPU: speed batches against equal batches") {
+  std::string why;
+  auto slow = CpuLimit::make(0.25, why);
+  if (!slow) {
+    cohort::test::skip_test_case(why);
+    return;
+  }
+  const Outcome equal = run("equal", *slow);
+  const Outcome speed = run("speed", *slow);
+  std::ostringstream batches;
+  for (const auto& [w, b] : speed.last_batches) batches << ' ' << w << '=' << b;
+  MESSAGE("steps/s: equal " << equal.steps_per_s << ", speed " << speed.steps_per_s << " (x"
+                            << speed.steps_per_s / equal.steps_per_s
+                            << "); speed batches at the last step:" << batches.str()
+                            << "; rebalances (batch, measured samples/s):" << speed.rebalances);
+}
