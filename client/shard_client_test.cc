@@ -262,6 +262,28 @@ TEST_CASE("pull_all writes each shard's range into the model; RoundStart and Bye
   CHECK(std::holds_alternative<tp::Bye>(handed[1].envelope.body));
 }
 
+TEST_CASE("pull_all hands over shard 0's batch size (data-parallel speed batches), not another shard's") {
+  ManualClock clock;
+  const auto shards = two_shards();
+  const std::vector<float> model{1, 2, 3, 4, 5};
+  FakeLinks links(2, clock, [&](std::size_t shard, const tp::Envelope& e) {
+    const auto& p = std::get<tp::Pull>(e.body);
+    tp::Envelope r;
+    r.round = e.round;
+    r.body = tp::PullReply{.shard = p.shard, .begin = p.begin, .end = p.end, .version = 6,
+                           .batch_size = shard == 0 ? 48U : 7U};
+    std::vector<tp::Message> out;
+    out.push_back(message(r, std::span<const float>(model).subspan(p.begin, p.end - p.begin)));
+    return out;
+  });
+  std::vector<float> params(5, 0.0f);
+  std::uint32_t batch = 0;
+  REQUIRE(cohort::client::pull_all(links, shards, clock, 2, 6, params, ExchangeOptions{.deadline = clock.now() + 10s},
+                                   &batch));
+  CHECK(params == model);
+  CHECK(batch == 48);
+}
+
 TEST_CASE("push_all collects refusals, ignores acks of other rounds and survives an unreachable shard") {
   ManualClock clock;
   const auto shards = two_shards();
