@@ -100,7 +100,7 @@ constexpr int kWorkers = 3, kSteps = 60, kBatch = 256;
 Outcome run(const std::string& policy, CpuLimit& slow) {
   std::vector<std::string> args{"--server.mode=dataparallel", "--server.consistency=bsp",
                                  "--server.batch_policy=" + policy, "--server.steps=" + std::to_string(kSteps),
-                                 "--server.clients_per_round=3", "--server.min_clients=3",
+                                 "--server.clients_per_round=" + std::to_string(kWorkers), "--server.min_clients=" + std::to_string(kWorkers),
                                  "--train.batch_size=" + std::to_string(kBatch), "--server.eval_every=0"};
   if (policy == "speed") args.emplace_back("--server.rebalance_every=20");
   Federation f(1, kWorkers, args);
