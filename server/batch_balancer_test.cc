@@ -311,6 +311,9 @@ TEST_CASE("server.batch_policy and its keys: start-up refuses what cannot be hon
             {"server.batch_policy=speed", "train.batch_size=32", "server.max_worker_batch=16"})) ==
         "server.max_worker_batch must be 0 (no cap) or at least train.batch_size = 32 (the "
         "workers must be able to take the global batch), got 16");
+  CHECK(refusal(with({"server.batch_policy=speed", "train.batch_size=1000000000",
+                      "server.clients_per_round=5"}))
+            .find("must fit in 32 bits") != std::string::npos);
   CHECK(refusal({"server.mode=federated", "server.batch_policy=equal"}) ==
         "server.batch_policy applies to server.mode = dataparallel only, not federated");
   CHECK(refusal({"server.mode=fedbuff", "server.rebalance_every=3"}) ==

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -96,6 +97,13 @@ void validate_batch_policy(const Config& config) {
                       std::to_string(batch) +
                       " (the workers must be able to take the global batch), got " +
                       std::to_string(cap));
+  }
+  const std::int64_t workers = config.get_int("server.clients_per_round");
+  if (policy == BatchPolicy::kSpeed && workers > 0 && batch > 0 &&
+      batch > std::int64_t{std::numeric_limits<std::uint32_t>::max()} / workers) {
+    throw ConfigError(
+        "server.batch_policy = speed: the global batch train.batch_size x "
+        "server.clients_per_round must fit in 32 bits (PullReply.batchSize)");
   }
 }
 
