@@ -76,6 +76,10 @@ std::string without_wall_clock(const std::filesystem::path& path) {
   return out;
 }
 
+bool server_config_schema_has(std::string_view key) {
+  return sim_config_schema().find(key) != nullptr;
+}
+
 Summary run(const Config& config) {
   set_log_level(LogLevel::Warn);  // a line per registered client otherwise
   const auto registries = builtin_registries();
@@ -384,6 +388,43 @@ TEST_CASE("a virtual client trains the steps its RoundStart asks for and reports
   REQUIRE(summaries.size() == 1);
   CHECK(summaries[0]["participation_min"] == 1);
   CHECK(summaries[0]["never_participated"] == 0);
+}
+
+TEST_CASE("server.work = deadline sizes each virtual client's steps to the simulated deadline") {
+  // Ten clients of 6,000 images, every one selected every round; devices from 0.01 to 0.1
+  // GFLOP/s. With train.epochs = 1 (188 steps) the slowest would need ~46 s against a 20 s
+  // deadline; sized to it from their virtual reports, every client fits.
+  test::TempDir dir;
+  const std::vector<std::string> overrides{"sim.clients=10",
+                                           "server.clients_per_round=10",
+                                           "server.rounds=3",
+                                           "profile.gflops=uniform:0.01:0.1",
+                                           "profile.uplink_mbps=20",
+                                           "profile.downlink_mbps=100",
+                                           "server.round_deadline_ms=20000",
+                                           "server.work=deadline",
+                                           "server.min_local_steps=1"};
+  if (server_config_schema_has("server.work")) {
+    const Summary s = run(make_config(dir, overrides));
+    CHECK(s.committed == 3);
+    const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+    REQUIRE(rounds.size() == 3);
+    // No profile yet: server.min_local_steps each.
+    CHECK(rounds[0]["local_steps_max"] == 1);
+    for (std::size_t i = 1; i < rounds.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rounds[i]["stragglers"] == 0);
+      CHECK(rounds[i]["completed"] == 10);
+      CHECK(rounds[i]["local_steps_min"].get<std::uint64_t>() <
+            rounds[i]["local_steps_max"].get<std::uint64_t>());
+      CHECK(rounds[i]["local_steps_max"].get<std::uint64_t>() <= 188);
+      CHECK(rounds[i]["sim_round_seconds"].get<double>() <= 20.0);
+    }
+    CHECK(s.participation == std::vector<std::uint32_t>(10, 3));
+  } else {
+    // This server has no heterogeneity-aware work yet: the key is refused at start-up.
+    CHECK_THROWS_AS((void)make_config(dir, overrides), ConfigError);
+  }
 }
 
 TEST_CASE("--processes runs the same configuration as cohort-server and cohort-client processes") {
