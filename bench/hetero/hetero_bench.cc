@@ -19,7 +19,12 @@
 // line {"bench":"hetero","setting":S,"policy":P,"error":"...","unavailable":true} and no numbers;
 // the exit code is still 0 unless --strict. Any other failed run is an "error" line and exit 1.
 // Without a server.work key at all, "fixed" runs the file as it is (fixed work is then the only
-// behaviour) and says so ("server_work_key":false).
+// behaviour) and says so ("server_work_key":false). Other server keys go through --set, e.g.
+// --set server.normalization=fednova (FedNova's averaging of unequal work, for both policies).
+//
+//   cohort-bench-hetero                                  all four settings, both policies
+//   cohort-bench-hetero --settings compute_mlp,compute_lenet5 --set server.normalization=fednova
+//   cohort-bench-hetero --quick                          smoke run (CTest bench_hetero_smoke)
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
