@@ -16,13 +16,6 @@
 namespace cohort::sim {
 namespace {
 
-// Whether the coordinator sizes each client's local steps to the round's deadline: the server's
-// schema has server.work (issue 23) and the simulation sets it to "deadline".
-bool sizes_work_to_deadline(const Config& sim) {
-  return server::config_schema().find("server.work") != nullptr &&
-         sim.get_string("server.work") == "deadline";
-}
-
 // The server's configuration for shard `index` of the simulation: the server's keys the
 // simulation's file or flags set, forwarded, and those cohort-sim sets itself.
 Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t index,
@@ -60,7 +53,7 @@ Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t 
   // to the round's deadline (server.work = "deadline", issue 23) must size it to the simulated
   // deadline, against the virtual throughput and link times the clients report: it gets that
   // one, which then also closes rounds on host time (a round's host time must stay below it).
-  c.set_value("server.round_deadline_ms", sizes_work_to_deadline(sim)
+  c.set_value("server.round_deadline_ms", options.server.deadline_work
                                               ? sim.get_int("server.round_deadline_ms")
                                               : options.wall_deadline_ms);
   c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
