@@ -24,7 +24,10 @@
 // The protocol is the participant's (client/participant.cc): Register -> Welcome, and per
 // RoundStart: Pull from every shard (once per model version, for all the clients that start from
 // it), local training, Push of the delta to every shard, PushAck, ClientReport; evaluate_only
-// rounds pull (or share) the model and evaluate on the test set.
+// rounds pull (or share) the model and evaluate on the test set. A client trains the local steps
+// its RoundStart asks for (train.* when it asks for none), pushes FedNova's a_i for them
+// (Push.local_work, measurements.h) and reports its device as a real client does: the steps, its
+// samples/s and its link to each shard, all on the virtual clock.
 //
 // Virtual clock (sim_clock.h): when a round's RoundStarts are in, the fleet knows the selected
 // cohort; from each client's profile, the bytes of its pulls and pushes and its training work it
@@ -95,6 +98,8 @@ Summary Fleet::run() {
     eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
   for (auto& e : eps_) ep_ptrs_.push_back(e.get());
   registered_.assign(n_, false);
+  summary_.participation.assign(n_, 0);
+  summary_.selections.assign(n_, 0);
   while (!finished_) {
     if (stop_.load()) break;
     if (shards_failed_())
@@ -136,6 +141,7 @@ Summary Fleet::run() {
   reporter_.finish_progress();
   summary_.wall_seconds = seconds_since(started_);
   summary_.threads = pool_.size();
+  reporter_.write_summary(summary_);
   return summary_;
 }
 
@@ -269,6 +275,7 @@ void Fleet::setup_model(const transport::Welcome& w) {
     slot->net = device_->make_network(spec_);
     slot->net->init(sim_.data.seed);
     slot->trainer.emplace(*slot->net, options_);
+    slot->steps = options_.steps;
     free_slots_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }
@@ -323,7 +330,8 @@ void Fleet::on_round_start(std::uint32_t c, const transport::RoundStart& rs) {
   if (collecting_.empty() || collecting_.back().round != rs.round) {
     collecting_.push_back(Collecting{rs.round, rs, {}, Clock::now()});
   }
-  collecting_.back().clients.push_back(c);
+  // Each client's RoundStart may ask for its own local steps (server.work = "deadline").
+  collecting_.back().clients.push_back({c, rs.local_steps});
   collecting_.back().last_arrival = Clock::now();
 }
 

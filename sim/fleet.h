@@ -33,10 +33,12 @@
 
 namespace cohort::sim {
 
-// A training thread's network and trainer; the fleet keeps one per thread.
+// A training thread's network and trainer; the fleet keeps one per thread. The trainer runs
+// `steps` steps per call (0: train.epochs), remade when a job asks for another count.
 struct Slot {
   std::unique_ptr<kernels::Network> net;
   std::optional<client::LocalTrainer> trainer;
+  std::size_t steps = 0;
 };
 
 // Speaks for options.clients virtual clients to the shards at `urls` until the coordinator says
@@ -65,7 +67,10 @@ class Fleet {
     std::uint32_t client = 0;
     transport::RoundStart rs;
     Fate fate = Fate::kCompletes;
+    DeviceProfile profile;
     ClientTime time;
+    std::size_t steps = 0;      // local steps asked for (rs.local_steps, else train.steps)
+    std::uint64_t samples = 0;  // samples the virtual clock charged (samples_per_round)
     std::shared_ptr<const FloatBuffer> model;  // the round's pulled model, shared
     std::shared_ptr<FloatBuffer> delta;        // the trained update, sent zero-copy
     std::uint64_t start_seq = 0;
@@ -100,10 +105,16 @@ class Fleet {
     std::vector<Job*> waiting;
   };
 
+  // A selected client and the local steps its RoundStart asked for (0: train.*'s epochs/steps).
+  struct Member {
+    std::uint32_t client = 0;
+    std::uint32_t local_steps = 0;
+  };
+
   struct Collecting {
     std::uint64_t round = 0;
     transport::RoundStart rs;
-    std::vector<std::uint32_t> clients;
+    std::vector<Member> clients;
     Clock::time_point last_arrival;
   };
 
@@ -161,6 +172,8 @@ class Fleet {
   void on_pulled(Job& job);
   void submit(Job& job);
   Slot* acquire_slot();
+  // The slot's trainer, remade for `steps` steps per call if it runs another count.
+  client::LocalTrainer& trainer_for(Slot& slot, std::size_t steps);
   void release_slot(Slot* s);
   void collect_results();
   void push(Job& job);
@@ -168,6 +181,9 @@ class Fleet {
   // ---- reports to the coordinator, records (fleet_rounds.cc) ------------------------------------
 
   transport::ClientReport base_report(const Job& job) const;
+  // Adds what the client measured on the virtual clock: throughput, and its link to each shard
+  // (`pushed`: the push too, else the pull only).
+  void add_measurements(const Job& job, bool pushed, transport::ClientReport& r) const;
   // Reports reach the coordinator in a fixed order: a round's reports wait for the evaluation
   // reports of earlier rounds, which the coordinator would otherwise see late or not at all
   // depending on thread timing.

@@ -10,6 +10,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "fleet.h"
+#include "measurements.h"
 
 namespace cohort::sim {
 namespace {
@@ -22,6 +23,14 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// FedNova's a_i for `steps` steps of the fleet's trainer (its optimizer's momentum; Adam and
+// AdamW have none that FedNova defines).
+double local_work(const client::TrainerOptions& o, std::size_t steps) {
+  const bool sgd = o.optimizer.kind == kernels::OptimizerKind::kSgd;
+  return sim_fednova_local_work(steps, sgd ? o.optimizer.momentum : 0.0,
+                                sgd && o.optimizer.nesterov, o.optimizer.learning_rate, o.prox_mu);
+}
+
 }  // namespace
 
 using namespace std::chrono_literals;
@@ -30,19 +39,26 @@ using transport::Envelope;
 using transport::Message;
 
 void Fleet::plan(Collecting col) {
-  std::sort(col.clients.begin(), col.clients.end());
+  std::sort(col.clients.begin(), col.clients.end(),
+            [](const Member& a, const Member& b) { return a.client < b.client; });
   const std::uint64_t bytes_down = model_bytes(), bytes_up = bytes_down;  // dense fp32 both ways
   std::vector<Selected> sel(col.clients.size());
   std::vector<ClientTime> times(col.clients.size());
+  std::vector<DeviceProfile> profiles(col.clients.size());
+  std::vector<std::size_t> steps(col.clients.size());
+  std::vector<std::uint64_t> samples(col.clients.size());
   for (std::size_t i = 0; i < col.clients.size(); ++i) {
-    const std::uint32_t c = col.clients[i];
-    const DeviceProfile p = profile(c);
-    const auto samples = samples_per_round(partition_[c].size(), options_.batch_size,
-                                           options_.epochs, options_.steps, options_.drop_last);
-    times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples)});
+    const std::uint32_t c = col.clients[i].client;
+    const DeviceProfile p = profiles[i] = profile(c);
+    // The work the coordinator asked this client for: its compute time follows it.
+    steps[i] = col.clients[i].local_steps > 0 ? col.clients[i].local_steps : options_.steps;
+    samples[i] = samples_per_round(partition_[c].size(), options_.batch_size, options_.epochs,
+                                   steps[i], options_.drop_last);
+    times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples[i])});
     sel[i].finish_s = times[i].total();
     sel[i].silent =
         !is_online(p, sim_.seed, c, col.round, sim_now_) || drops_out(p, sim_.seed, c, col.round);
+    ++summary_.selections[c];
   }
   const RoundPlan plan =
       plan_round(sel, sim_.server.clients_per_round, sim_.server.round_deadline_s);
@@ -77,10 +93,14 @@ void Fleet::plan(Collecting col) {
       rec.bytes += bytes_down + (f == Fate::kCompletes ? bytes_up : 0);
       auto job = std::make_unique<Job>();
       job->kind = f == Fate::kCompletes ? Job::Kind::kTrain : Job::Kind::kPullOnly;
-      job->client = col.clients[i];
+      job->client = col.clients[i].client;
       job->rs = col.rs;
+      job->rs.local_steps = col.clients[i].local_steps;
       job->fate = f;
+      job->profile = profiles[i];
       job->time = times[i];
+      job->steps = steps[i];
+      job->samples = samples[i];
       a.jobs.push_back(std::move(job));
     }
   }
@@ -155,6 +175,8 @@ void Fleet::on_pulled(Job& job) {
                     job.time.total());
     }
     r.message = why;
+    // It measured its device all the same: the coordinator learns how slow it is.
+    add_measurements(job, false, r);
     send_report(job, r);
     complete(job);
     return;
@@ -184,7 +206,7 @@ void Fleet::submit(Job& job) {
         j->eval = slot->trainer->evaluate(test_);
       } else {
         const auto seed = sim_.data.seed * 1000003ULL + j->rs.model_version * 7919ULL + j->client;
-        j->result = slot->trainer->train(train_, partition_[j->client], seed);
+        j->result = trainer_for(*slot, j->steps).train(train_, partition_[j->client], seed);
         const auto trained = slot->net->parameters();
         FloatBuffer& delta = *j->delta;
         for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = trained[i] - model[i];
@@ -205,6 +227,16 @@ Slot* Fleet::acquire_slot() {
   Slot* s = free_slots_.back();
   free_slots_.pop_back();
   return s;
+}
+
+client::LocalTrainer& Fleet::trainer_for(Slot& slot, std::size_t steps) {
+  if (slot.steps != steps) {
+    client::TrainerOptions o = options_;
+    o.steps = steps;
+    slot.trainer.emplace(*slot.net, o);
+    slot.steps = steps;
+  }
+  return *slot.trainer;
 }
 
 void Fleet::release_slot(Slot* s) {
@@ -243,6 +275,8 @@ void Fleet::push(Job& job) {
                               .num_samples = partition_[job.client].size(),
                               .base_version = job.rs.model_version,
                               .train_loss = static_cast<float>(job.result.mean_loss)});
+    std::get<transport::Push>(e.body).local_work =
+        static_cast<float>(local_work(options_, job.result.steps));
     const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
     job.bytes_up += slice.size();
     // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
@@ -261,6 +295,17 @@ transport::ClientReport Fleet::base_report(const Job& job) const {
   r.bytes_received = job.bytes_down;
   r.comm_seconds = static_cast<float>(job.time.download_s + job.time.upload_s);
   return r;
+}
+
+void Fleet::add_measurements(const Job& job, bool pushed, transport::ClientReport& r) const {
+  r.samples_per_second =
+      static_cast<float>(virtual_samples_per_second(job.profile, model_size_, job.samples));
+  std::vector<ShardBytes> shards(shards_.size());
+  for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+    const std::uint64_t bytes = (shards_[i].end - shards_[i].begin) * sizeof(float);
+    shards[i] = {.shard = i, .down = bytes, .up = pushed ? bytes : 0};
+  }
+  r.links = virtual_links(job.profile, shards);
 }
 
 void Fleet::send_report(const Job& job, const transport::ClientReport& r) {
@@ -298,8 +343,23 @@ void Fleet::finish_training_job(Job& job) {
   r.num_samples = partition_[job.client].size();
   r.train_loss = static_cast<float>(job.result.mean_loss);
   r.train_seconds = static_cast<float>(job.time.compute_s);
+  r.local_steps = static_cast<std::uint32_t>(job.result.steps);
+  add_measurements(job, true, r);
+  if (job.result.samples != job.samples) {
+    // The virtual clock charged other work than the trainer did: its times would be wrong.
+    throw InternalError("cohort-sim: " + name_of(job.client) + " trained " +
+                        std::to_string(job.result.samples) +
+                        " samples, the virtual clock charged " + std::to_string(job.samples));
+  }
   send_report(job, r);
   auto& rec = active_->record;
+  if (r.trained) {
+    ++summary_.participation[job.client];
+    rec.steps_min = rec.updates == 0 ? job.result.steps : std::min(rec.steps_min, job.result.steps);
+    rec.steps_max = std::max(rec.steps_max, job.result.steps);
+    rec.steps_sum += job.result.steps;
+    ++rec.updates;
+  }
   rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
   rec.samples += r.num_samples;
   rec.wall_train_s += job.wall_train_s;

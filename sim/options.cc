@@ -86,6 +86,8 @@ ServerKeys server_keys_from(const Config& config) {
   s.rounds = static_cast<std::uint64_t>(config.get_int("server.rounds"));
   s.round_deadline_s = static_cast<double>(config.get_int("server.round_deadline_ms")) / 1e3;
   s.chunk_bytes = static_cast<std::size_t>(config.get_int("transport.chunk_kib")) * 1024;
+  s.deadline_work = server::config_schema().find("server.work") != nullptr &&
+                    config.get_string("server.work") == "deadline";
   return s;
 }
 
@@ -113,6 +115,12 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.report.progress = config.get_bool("sim.progress");
   if (runner == Runner::kInProcess) {
     check_in_process(config, o);
+    if (o.server.deadline_work && config.is_set("sim.wall_deadline_ms")) {
+      throw ConfigError(
+          "sim.wall_deadline_ms does not apply with server.work = \"deadline\": the coordinator "
+          "sizes each client's work to server.round_deadline_ms, the simulated deadline, and so "
+          "closes rounds at it in host time too");
+    }
   } else {
     constexpr std::size_t kMaxProcesses = 200;
     if (o.clients > kMaxProcesses) {
@@ -151,7 +159,8 @@ ConfigSchema sim_config_schema() {
       .add("sim.wall_deadline_ms", std::int64_t{120000},
            "real-time deadline of the in-process coordinator: a round with a silent (offline or "
            "dropped-out) client and fewer than K updates waits this long; must exceed a round's "
-           "host time")
+           "host time (not with server.work = deadline, whose coordinator uses "
+           "server.round_deadline_ms)")
       .add("sim.metrics_file", std::string("sim_metrics.jsonl"),
            "per-round JSON lines (simulated and wall_* times)")
       .add("sim.csv_file", std::string("sim_metrics.csv"),

@@ -37,6 +37,10 @@ struct ServerKeys {
   std::uint64_t rounds = 0;                  // server.rounds
   double round_deadline_s = 60;              // server.round_deadline_ms, on the simulated clock
   std::size_t chunk_bytes = 0;               // transport.chunk_kib, in bytes
+  // server.work = "deadline" (issue 23; false while the server has no such key): the coordinator
+  // sizes each client's local steps to server.round_deadline_ms, so the in-process shards get
+  // that deadline, not sim.wall_deadline_ms.
+  bool deadline_work = false;
 };
 
 // data.*: the clients' data and how it is split among them.
@@ -76,7 +80,8 @@ struct SimOptions {
 // (in-process) server.mode is federated; the clients' keys (an unknown train.* key, a bad value,
 // train.device or train.threads, data.partition, data.seed, sim.clients, sim.threads), so that
 // a bad one is a one-line error at start-up, not a failure after the virtual clients joined;
-// then (in-process) train.reset_optimizer_state and profile.*, (--processes) at most 200 clients.
+// then (in-process) train.reset_optimizer_state and profile.*, sim.wall_deadline_ms not set
+// with server.work = "deadline", (--processes) at most 200 clients.
 // Throws ConfigError.
 SimOptions sim_options_from(const Config& config, Runner runner);
 

@@ -3,7 +3,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -52,6 +54,12 @@ void Reporter::write(const RoundRecord& r, double wall) {
                              {"total_bytes", total_bytes_},
                              {"sim_round_seconds", r.sim_round_s},
                              {"sim_seconds", r.sim_total_s}};
+  if (r.updates > 0) {
+    f.push_back({"local_steps_min", std::uint64_t{r.steps_min}});
+    f.push_back({"local_steps_max", std::uint64_t{r.steps_max}});
+    f.push_back(
+        {"local_steps_mean", static_cast<double>(r.steps_sum) / static_cast<double>(r.updates)});
+  }
   if (r.evaluated) {
     f.push_back({"test_loss", r.test_loss});
     f.push_back({"test_accuracy", r.test_accuracy});
@@ -77,6 +85,35 @@ void Reporter::write(const RoundRecord& r, double wall) {
   }
   last_ = r;
   have_last_ = true;
+}
+
+void Reporter::write_summary(const Summary& s) {
+  const auto stats = [](const std::vector<std::uint32_t>& v) {
+    std::uint64_t lo = v.empty() ? 0 : v.front(), hi = 0, sum = 0, zeros = 0;
+    for (const auto x : v) {
+      lo = std::min<std::uint64_t>(lo, x);
+      hi = std::max<std::uint64_t>(hi, x);
+      sum += x;
+      zeros += x == 0 ? 1 : 0;
+    }
+    const double mean = v.empty() ? 0.0 : static_cast<double>(sum) / static_cast<double>(v.size());
+    return std::tuple{lo, hi, mean, zeros};
+  };
+  const auto [p_min, p_max, p_mean, p_never] = stats(s.participation);
+  const auto [s_min, s_max, s_mean, s_never] = stats(s.selections);
+  std::vector<MetricField> f{
+      {"rounds", s.rounds},           {"committed", s.committed},
+      {"sim_seconds", s.sim_seconds}, {"clients", std::uint64_t{s.participation.size()}},
+      {"participation_min", p_min},   {"participation_max", p_max},
+      {"participation_mean", p_mean}, {"never_participated", p_never},
+      {"selected_min", s_min},        {"selected_max", s_max},
+      {"selected_mean", s_mean},      {"never_selected", s_never}};
+  if (s.final_accuracy >= 0) {
+    f.push_back({"final_accuracy", s.final_accuracy});
+    f.push_back({"final_loss", s.final_loss});
+  }
+  f.push_back({"wall_seconds", s.wall_seconds});
+  metrics_.write("sim_summary", f);
 }
 
 bool Reporter::progress_due(bool round_done) const {

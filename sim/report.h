@@ -11,6 +11,7 @@
 
 #include "cohort/core/metrics.h"
 #include "cohort/core/units.h"
+#include "cohort/sim/sim.h"
 #include "options.h"
 
 namespace cohort::sim {
@@ -33,6 +34,8 @@ struct RoundRecord {
   double sim_round_s = 0, sim_total_s = 0;
   double loss_sum = 0;
   std::uint64_t samples = 0, bytes = 0;
+  // Local steps of the updates the shards took (`updates` of them): the work each was given.
+  std::size_t updates = 0, steps_min = 0, steps_max = 0, steps_sum = 0;
   double wall_round_s = 0, wall_train_s = 0, wall_train_cpu_s = 0;
   bool evaluated = false;
   double test_loss = 0, test_accuracy = 0;
@@ -57,6 +60,11 @@ class Reporter {
   // Writes `r` as a sim_round JSON line and a CSV row; `wall_s` is host time since the start.
   // The record becomes the one the progress line shows.
   void write(const RoundRecord& r, double wall_s);
+
+  // Writes the run's sim_summary JSON line: rounds, simulated time, final accuracy, and how
+  // often the clients were selected and had an update taken (min, max, mean over all clients,
+  // and how many never had one).
+  void write_summary(const Summary& s);
 
   // Whether a progress line is due: always after a round (when sim.progress is on), otherwise at
   // most every 0.25 s and only on a terminal.

@@ -207,9 +207,35 @@ double training_flops(std::uint64_t parameters, std::uint64_t samples) {
 std::uint64_t samples_per_round(std::size_t rows, std::size_t batch, std::size_t epochs,
                                 std::size_t steps, bool drop_last) {
   if (rows == 0 || batch == 0) return 0;
-  if (steps > 0) return std::uint64_t{steps} * std::min(batch, rows);
-  const std::size_t per_epoch = drop_last ? (rows / batch) * batch : rows;
-  return std::uint64_t{epochs} * per_epoch;
+  // One epoch: full batches, then (without drop_last) the remainder as a last, smaller batch.
+  const std::uint64_t batches = drop_last ? rows / batch : (rows + batch - 1) / batch;
+  const std::uint64_t per_epoch = drop_last ? batches * batch : rows;
+  if (batches == 0) return 0;  // the trainer refuses this (no full batch with drop_last)
+  if (steps == 0) return std::uint64_t{epochs} * per_epoch;
+  // `steps` batches run through whole epochs, then the first steps % batches batches of the next
+  // one (all full: only an epoch's last batch can be short).
+  return (steps / batches) * per_epoch + (steps % batches) * batch;
+}
+
+std::vector<double> shared_link_seconds(double latency_s, double mbps,
+                                        std::span<const std::uint64_t> bytes) {
+  // Processor sharing: while k transfers are unfinished each gets 1/k of the link, so transfers
+  // end in the order of their sizes; the i-th smallest ends when the bytes sent so far by all of
+  // them reach sum(smaller) + (remaining count) * its size.
+  std::vector<std::size_t> order(bytes.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return bytes[a] < bytes[b]; });
+  std::vector<double> out(bytes.size(), 0.0);
+  double done = 0;  // bytes of the transfers that already ended
+  for (std::size_t r = 0; r < order.size(); ++r) {
+    const std::uint64_t b = bytes[order[r]];
+    if (b == 0) continue;
+    const double sent = done + static_cast<double>(order.size() - r) * static_cast<double>(b);
+    out[order[r]] = latency_s + sent * 8.0 / (mbps * 1e6);
+    done += static_cast<double>(b);
+  }
+  return out;
 }
 
 double online_probability(const DeviceProfile& profile, double t) {

@@ -102,11 +102,19 @@ ClientTime client_time(const DeviceProfile& profile, const ClientWork& work);
 // backward pass (4).
 double training_flops(std::uint64_t parameters, std::uint64_t samples);
 
-// Samples one local training pass processes over `rows` rows, as LocalTrainer::train does:
-// `steps` > 0: steps batches, each of min(batch, rows) rows; else epochs passes over the rows
-// (with drop_last, each pass only full batches).
+// Samples one local training pass processes over `rows` rows, exactly as LocalTrainer::train
+// does: an epoch is ceil(rows / batch) batches, the last one short (with drop_last: rows / batch
+// full batches); `steps` > 0: that many batches, running through epochs; else `epochs` epochs.
+// 0 when no batch fits (no rows, or drop_last with rows < batch).
 std::uint64_t samples_per_round(std::size_t rows, std::size_t batch, std::size_t epochs,
                                 std::size_t steps, bool drop_last);
+
+// Transfers to or from several shards at once over one link of `mbps` Mbit/s, sharing it fairly
+// (while k are unfinished each gets 1/k of it): the seconds from request to answer of each, in
+// the order of `bytes`, latency included; 0 for an empty transfer. The last one ends at
+// latency + 8 * sum(bytes) / link, the whole transfer's time in client_time().
+std::vector<double> shared_link_seconds(double latency_s, double mbps,
+                                        std::span<const std::uint64_t> bytes);
 
 // Probability that the client is online at simulated time t (seconds).
 double online_probability(const DeviceProfile& profile, double t);

@@ -26,8 +26,13 @@ TEST_CASE("client_time is latency plus bytes over bandwidth plus work over speed
 TEST_CASE("samples_per_round follows the trainer's epochs, steps and drop_last") {
   CHECK(samples_per_round(100, 32, 2, 0, false) == 200);
   CHECK(samples_per_round(100, 32, 2, 0, true) == 192);
-  CHECK(samples_per_round(100, 32, 1, 5, false) == 160);
+  // 100 rows of batch 32: 32, 32, 32, 4 per epoch; five steps are an epoch and one more batch.
+  CHECK(samples_per_round(100, 32, 1, 5, false) == 132);
+  CHECK(samples_per_round(100, 32, 1, 3, false) == 96);
+  CHECK(samples_per_round(100, 32, 1, 8, false) == 200);
+  CHECK(samples_per_round(100, 32, 1, 5, true) == 160);  // only full batches: 3 per epoch
   CHECK(samples_per_round(10, 32, 1, 5, false) == 50);
+  CHECK(samples_per_round(10, 32, 1, 5, true) == 0);  // no full batch
   CHECK(samples_per_round(0, 32, 1, 0, false) == 0);
 }
 

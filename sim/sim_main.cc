@@ -15,6 +15,7 @@
 // --processes runs the same configuration as cohort-server / cohort-client processes instead.
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <csignal>
 #include <cstdio>
@@ -88,6 +89,14 @@ int main(int argc, char** argv) {
         s.final_accuracy >= 0 ? (std::to_string(s.final_accuracy * 100).substr(0, 5) + "%").c_str()
                               : "-",
         static_cast<double>(s.bytes) / 1e9);
+    if (!s.participation.empty()) {
+      const auto [lo, hi] = std::minmax_element(s.participation.begin(), s.participation.end());
+      const auto never = std::count(s.participation.begin(), s.participation.end(), 0u);
+      std::printf(
+          "cohort-sim: participation: each client's update was taken in %u to %u rounds; %lld "
+          "of %zu clients never contributed\n",
+          *lo, *hi, static_cast<long long>(never), s.participation.size());
+    }
     if (s.round_wall_seconds > 0) {
       std::printf(
           "cohort-sim: rounds took %.1f s of host time, %.1f s of it local training summed over "

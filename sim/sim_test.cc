@@ -3,10 +3,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <exception>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
@@ -14,6 +19,9 @@
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
+#include "fleet.h"
+#include "measurements.h"
+#include "options.h"
 #include "process.h"
 #include "sim_clock.h"
 
@@ -66,6 +74,10 @@ std::string without_wall_clock(const std::filesystem::path& path) {
     out += j.dump() + "\n";
   }
   return out;
+}
+
+bool server_config_schema_has(std::string_view key) {
+  return sim_config_schema().find(key) != nullptr;
 }
 
 Summary run(const Config& config) {
@@ -243,6 +255,176 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
     }
   }
   CHECK(silent > 0);
+}
+
+// A coordinator and shard in one ROUTER, scripted: it welcomes two virtual clients, asks client
+// 0 for 3 local steps and client 1 for 11 (as server.work = "deadline" would), serves the pulls,
+// acknowledges the pushes and keeps what the fleet sent.
+struct ScriptedCoordinator {
+  std::uint64_t params = 0;
+  std::map<std::string, float> local_work;  // per client, from its push
+  std::map<std::string, transport::ClientReport> reports;
+
+  void run(transport::Endpoint& router) {
+    using namespace std::chrono_literals;
+    const std::map<std::string, std::uint32_t> steps{{"c00000", 3}, {"c00001", 11}};
+    std::vector<transport::PeerHandle> peers;
+    std::vector<std::string> names;
+    std::vector<float> model(params, 0.01f);
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (reports.size() < 2 && std::chrono::steady_clock::now() < until) {
+      auto m = router.receive(50ms);
+      if (!m) continue;
+      auto& body = m->envelope.body;
+      transport::Envelope reply;
+      reply.round = m->envelope.round;
+      if (std::holds_alternative<transport::Register>(body)) {
+        if (std::find(names.begin(), names.end(), m->sender) != names.end()) continue;
+        reply.body = transport::Welcome{
+            .client_index = static_cast<std::uint32_t>(names.size()),
+            .model_size = params,
+            .model_spec = "mlp:784-16-10",
+            .shards = {{0, router.url(), "coordinator", 0, params}},
+            .training_toml = "epochs = 1\nbatch_size = 32\nlr = 0.05\nmomentum = 0.9\n"};
+        router.send(m->peer, std::move(reply));
+        peers.push_back(m->peer);
+        names.push_back(m->sender);
+        if (names.size() < 2) continue;
+        for (std::size_t i = 0; i < 2; ++i) {
+          transport::Envelope rs;
+          rs.round = 1;
+          rs.body = transport::RoundStart{.round = 1,
+                                          .deadline_ms = 60000,
+                                          .local_epochs = 1,
+                                          .local_steps = steps.at(names[i]),
+                                          .model_version = 0};
+          router.send(peers[i], std::move(rs));
+        }
+      } else if (auto* pull = std::get_if<transport::Pull>(&body)) {
+        reply.body = transport::PullReply{.shard = 0, .begin = 0, .end = params, .version = 0};
+        const auto bytes = std::as_bytes(std::span<const float>(model));
+        router.send(m->peer, std::move(reply), transport::Payload{bytes, nullptr});
+        (void)pull;
+      } else if (auto* push = std::get_if<transport::Push>(&body)) {
+        local_work[m->sender] = push->local_work;
+        reply.body = transport::PushAck{.accepted = true, .version = 1};
+        router.send(m->peer, std::move(reply));
+      } else if (auto* r = std::get_if<transport::ClientReport>(&body)) {
+        reports[m->sender] = *r;
+      }
+    }
+    for (const auto& peer : peers) {
+      transport::Envelope bye;
+      bye.body = transport::Bye{"done"};
+      router.send(peer, std::move(bye));
+    }
+  }
+};
+
+TEST_CASE("a virtual client trains the steps its RoundStart asks for and reports its device") {
+  set_log_level(LogLevel::Warn);
+  test::TempDir dir;
+  const Config config = make_config(
+      dir, {"sim.clients=2", "server.clients_per_round=2", "server.round_deadline_ms=600000",
+            "profile.gflops=2", "profile.uplink_mbps=4", "profile.downlink_mbps=8",
+            "profile.latency_ms=25", "sim.threads=1"});
+  const SimOptions options = sim_options_from(config, Runner::kInProcess);
+  transport::Context ctx;
+  transport::EndpointOptions ro;
+  ro.node_id = "coordinator";
+  ro.multiplex = true;
+  ro.security.insecure = true;
+  const std::string url = "inproc://sim-test-scripted-coordinator";
+  auto router = transport::Endpoint::bind(ctx, url, ro);
+  ScriptedCoordinator coordinator;
+  coordinator.params = kernels::make_network_spec("mlp:784-16-10").parameter_count();
+  std::atomic<bool> stop{false};
+  Summary summary;
+  std::exception_ptr error;
+  std::thread fleet_thread([&] {
+    try {
+      Fleet fleet(options, ctx, {url}, stop, [] { return false; });
+      summary = fleet.run();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  coordinator.run(router);
+  stop = true;  // ends the fleet's loop if the script stopped short
+  fleet_thread.join();
+  if (error) std::rethrow_exception(error);
+  REQUIRE(coordinator.reports.size() == 2);
+  const double p = static_cast<double>(coordinator.params);
+  const double bytes = 4 * p;
+  for (const auto& [name, steps] : {std::pair{"c00000", 3u}, std::pair{"c00001", 11u}}) {
+    CAPTURE(name);
+    const auto& r = coordinator.reports.at(name);
+    CHECK(r.trained);
+    CHECK(r.local_steps == steps);
+    // IID halves of Fashion-MNIST: 30,000 rows, so every step is a full batch of 32.
+    const double samples = 32.0 * steps;
+    CHECK(r.train_seconds == doctest::Approx(6 * p * samples / 2e9));
+    CHECK(r.samples_per_second == doctest::Approx(2e9 / (6 * p)));
+    REQUIRE(r.links.size() == 1);
+    CHECK(r.links[0].shard == 0);
+    CHECK(r.links[0].down_bytes == bytes);
+    CHECK(r.links[0].up_bytes == bytes);
+    CHECK(r.links[0].down_seconds == doctest::Approx(0.025 + bytes * 8 / 8e6));
+    CHECK(r.links[0].up_seconds == doctest::Approx(0.025 + bytes * 8 / 4e6));
+    // FedNova's a_i for heavy-ball momentum 0.9 over the steps it ran.
+    CHECK(coordinator.local_work.at(name) ==
+          doctest::Approx(sim_fednova_local_work(steps, 0.9, false, 0.05, 0)));
+  }
+  CHECK(summary.participation == std::vector<std::uint32_t>{1, 1});
+  CHECK(summary.selections == std::vector<std::uint32_t>{1, 1});
+  // The round lasted as long as its slower client, the one asked for 11 steps.
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 1);
+  CHECK(rounds[0]["local_steps_min"] == 3);
+  CHECK(rounds[0]["local_steps_max"] == 11);
+  CHECK(rounds[0]["sim_round_seconds"].get<double>() ==
+        doctest::Approx((0.025 + bytes * 8 / 8e6) + 6 * p * 352 / 2e9 + (0.025 + bytes * 8 / 4e6)));
+  const auto summaries = records(dir.path() / "sim.jsonl", "sim_summary");
+  REQUIRE(summaries.size() == 1);
+  CHECK(summaries[0]["participation_min"] == 1);
+  CHECK(summaries[0]["never_participated"] == 0);
+}
+
+TEST_CASE("server.work = deadline sizes each virtual client's steps to the simulated deadline") {
+  // Ten clients of 6,000 images, every one selected every round; devices from 0.01 to 0.1
+  // GFLOP/s. With train.epochs = 1 (188 steps) the slowest would need ~46 s against a 20 s
+  // deadline; sized to it from their virtual reports, every client fits.
+  test::TempDir dir;
+  const std::vector<std::string> overrides{"sim.clients=10",
+                                           "server.clients_per_round=10",
+                                           "server.rounds=3",
+                                           "profile.gflops=uniform:0.01:0.1",
+                                           "profile.uplink_mbps=20",
+                                           "profile.downlink_mbps=100",
+                                           "server.round_deadline_ms=20000",
+                                           "server.work=deadline",
+                                           "server.min_local_steps=1"};
+  if (server_config_schema_has("server.work")) {
+    const Summary s = run(make_config(dir, overrides));
+    CHECK(s.committed == 3);
+    const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+    REQUIRE(rounds.size() == 3);
+    // No profile yet: server.min_local_steps each.
+    CHECK(rounds[0]["local_steps_max"] == 1);
+    for (std::size_t i = 1; i < rounds.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rounds[i]["stragglers"] == 0);
+      CHECK(rounds[i]["completed"] == 10);
+      CHECK(rounds[i]["local_steps_min"].get<std::uint64_t>() <
+            rounds[i]["local_steps_max"].get<std::uint64_t>());
+      CHECK(rounds[i]["local_steps_max"].get<std::uint64_t>() <= 188);
+      CHECK(rounds[i]["sim_round_seconds"].get<double>() <= 20.0);
+    }
+    CHECK(s.participation == std::vector<std::uint32_t>(10, 3));
+  } else {
+    // This server has no heterogeneity-aware work yet: the key is refused at start-up.
+    CHECK_THROWS_AS((void)make_config(dir, overrides), ConfigError);
+  }
 }
 
 TEST_CASE("--processes runs the same configuration as cohort-server and cohort-client processes") {

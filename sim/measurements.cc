@@ -1,0 +1,50 @@
+// A virtual client's measurements and FedNova's local work (measurements.h).
+#include "measurements.h"
+
+#include <cmath>
+
+namespace cohort::sim {
+
+double sim_fednova_local_work(std::uint64_t steps, double momentum, bool nesterov,
+                              double learning_rate, double prox_mu) {
+  const double tau = static_cast<double>(steps);
+  if (steps == 0) return 0.0;
+  if (momentum > 0) {
+    const double rho = momentum;
+    const double heavy_ball = (tau - rho * (1.0 - std::pow(rho, tau)) / (1.0 - rho)) / (1.0 - rho);
+    return nesterov ? tau + rho * heavy_ball : heavy_ball;
+  }
+  const double decay = learning_rate * prox_mu;
+  if (decay > 0 && decay < 1) return (1.0 - std::pow(1.0 - decay, tau)) / decay;
+  return tau;
+}
+
+std::vector<transport::LinkSample> virtual_links(const DeviceProfile& profile,
+                                                 std::span<const ShardBytes> shards) {
+  std::vector<std::uint64_t> down, up;
+  for (const auto& s : shards) {
+    down.push_back(s.down);
+    up.push_back(s.up);
+  }
+  const double latency = profile.latency_ms / 1e3;
+  const auto down_s = shared_link_seconds(latency, profile.downlink_mbps, down);
+  const auto up_s = shared_link_seconds(latency, profile.uplink_mbps, up);
+  std::vector<transport::LinkSample> out(shards.size());
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    out[i] = {.shard = shards[i].shard,
+              .down_bytes = shards[i].down,
+              .down_seconds = static_cast<float>(down_s[i]),
+              .up_bytes = shards[i].up,
+              .up_seconds = static_cast<float>(up_s[i])};
+  }
+  return out;
+}
+
+double virtual_samples_per_second(const DeviceProfile& profile, std::uint64_t parameters,
+                                  std::uint64_t samples) {
+  if (samples == 0 || parameters == 0) return 0.0;
+  const double compute_s = training_flops(parameters, samples) / (profile.gflops * 1e9);
+  return static_cast<double>(samples) / compute_s;
+}
+
+}  // namespace cohort::sim
