@@ -19,6 +19,7 @@
 
 #include "mode.h"
 #include "outbox.h"
+#include "profiles.h"
 #include "round_report.h"
 #include "server_options.h"
 #include "shard.h"
@@ -60,6 +61,8 @@ class Coordinator {
     // not count towards server.min_clients) until it is heard from again, which after a
     // reconnect is its registration on the new session.
     bool reachable = true;
+    // Federated: the measured device profile (profiles.h), reset when the client registers.
+    ClientProfile profile;
   };
   struct ShardInfo {
     bool up = false;
@@ -93,6 +96,15 @@ class Coordinator {
   void tick_dataparallel(TimePoint now);
   void tick_fedbuff(TimePoint now);
   void on_report(const transport::Message& m, const transport::ClientReport& r);
+  // A counted federated report: the client's profile takes its measurements, and its "client"
+  // record waits for the end of the round.
+  void note_client_report(const NodeId& id, const transport::ClientReport& r);
+  // RoundStart.local_steps for a selected client: train.steps (server.work = fixed) or the
+  // deadline planner's count from its profile.
+  [[nodiscard]] std::uint32_t local_steps_for(const ClientInfo& c) const;
+  // The running round's "client" records, in client-id order (so a simulation writes the same
+  // file every time), once the round takes no more reports.
+  void write_client_records();
   void on_fatal_report(const transport::Message& m, const transport::ClientReport& r);
   void on_task_report(const transport::Message& m, const transport::ClientReport& r);
   // The last round (FedBuff: step) the coordinator's own shard closed.
@@ -129,6 +141,7 @@ class Coordinator {
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
+  WorkOptions work_;
   std::chrono::milliseconds client_timeout_{60000};
   std::uint32_t heartbeat_ms_ = 2000;
   std::uint32_t dp_steps_ = 100;  // data-parallel: steps each worker takes
@@ -143,7 +156,11 @@ class Coordinator {
   std::set<NodeId> selected_, completed_;
   std::vector<NodeId> round_selection_;  // the running round's cohort, as sent to the shards
   std::size_t reported_ = 0;
-  std::set<NodeId> reporters_;  // who has reported in the running federated round
+  std::set<NodeId> reporters_;                // who has reported in the running federated round
+  std::map<NodeId, std::uint32_t> assigned_;  // RoundStart.local_steps sent this round
+  std::map<NodeId, ClientRoundRecord> round_clients_;  // this round's records, by client
+  // Complete updates per client over the whole run (they survive a re-registration).
+  std::map<NodeId, std::uint64_t> participations_;
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
   std::uint64_t round_samples_ = 0;
   double last_round_s_ = 0;
