@@ -446,7 +446,10 @@ void Coordinator::on_report(const Message& m, const transport::ClientReport& r) 
     report_.add_evaluation(r);
     return;
   }
-  if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
+  if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) {
+    note_late_report(m.sender, r);
+    return;
+  }
   // A client resends its report after a reconnect, not knowing whether it arrived: count once.
   if (!reporters_.insert(m.sender).second) return;
   ++reported_;
@@ -467,6 +470,7 @@ void Coordinator::on_report(const Message& m, const transport::ClientReport& r) 
 }
 
 void Coordinator::note_client_report(const NodeId& id, const transport::ClientReport& r) {
+  if (!federated()) return;
   ClientRoundRecord rec{.round_id = r.round,
                         .client = id,
                         .trained = r.trained,
@@ -476,10 +480,15 @@ void Coordinator::note_client_report(const NodeId& id, const transport::ClientRe
   if (r.trained) ++participations_[id];
   rec.participations = participations_[id];
   if (auto c = clients_.find(id); c != clients_.end()) {
-    update_profile(c->second.profile, r, shards_.size());
-    rec.profile = c->second.profile;
+    update_profile(c->second.profile, r, shards_.size(), r.trained ? kProfileAlpha : kMissAlpha);
+    rec.profile = c->second.profile;  // kept should the client leave before the record is written
   }
   round_clients_[id] = std::move(rec);
+}
+
+void Coordinator::note_late_report(const NodeId& id, const transport::ClientReport& r) {
+  if (!federated() || r.round > round_ || !clients_.contains(id)) return;
+  late_[id] = r;
 }
 
 std::uint32_t Coordinator::local_steps_for(const ClientInfo& c) const {
@@ -497,7 +506,16 @@ std::uint32_t Coordinator::local_steps_for(const ClientInfo& c) const {
 }
 
 void Coordinator::write_client_records() {
-  for (const auto& [id, rec] : round_clients_) metrics_.write("client", client_record_fields(rec));
+  for (const auto& [id, r] : late_) {
+    auto c = clients_.find(id);
+    if (c == clients_.end() || round_clients_.contains(id)) continue;
+    update_profile(c->second.profile, r, shards_.size(), kMissAlpha);
+  }
+  late_.clear();
+  for (auto& [id, rec] : round_clients_) {
+    if (auto c = clients_.find(id); c != clients_.end()) rec.profile = c->second.profile;
+    metrics_.write("client", client_record_fields(rec));
+  }
   round_clients_.clear();
 }
 

@@ -378,7 +378,7 @@ struct TempFile {
 TEST_CASE("coordinator: server.work = deadline sizes each client's steps from its measured speed") {
   // D = 10 s, margin 0.2, B = 10, transfers 1 s: (10 - 1 - 2) s x s / 10 steps.
   TempFile file;
-  Fixture f({"server.mode=federated", "server.rounds=3", "server.clients_per_round=2",
+  Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
              "server.min_clients=2", "server.round_deadline_ms=10000", "server.work=deadline",
              "server.min_local_steps=2", "server.max_local_steps=500", "train.batch_size=10"},
             file.path.string());
@@ -424,6 +424,28 @@ TEST_CASE("coordinator: server.work = deadline sizes each client's steps from it
     REQUIRE(later.size() == 4);
     CHECK(later[2]["participations"] == 2);
     CHECK(later[2]["assigned_steps"] == 70);
+  }
+  SUBCASE("a client whose work did not fit: its late report replaces the average") {
+    f.train("slow", 2, measured(10, 7));
+    f.clock.advance(10001ms);  // fast misses the deadline; the round commits with slow's update
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 3);
+    CHECK(f.starts("fast")[2].local_steps == 70);  // nothing new heard from fast yet
+    // fast's report of round 2 arrives during round 3: it trained at 20 samples/s, not 100.
+    auto late = measured(20, 70);
+    late.round = 2;
+    late.message = "could not push before the deadline";
+    f.deliver(testing::message("fast", late, 2, ++f.seq));
+    f.train("slow", 3, measured(10, 7));
+    f.clock.advance(10001ms);
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 4);
+    CHECK(f.starts("fast")[3].local_steps == 14);  // 7 s x 20 samples/s / 10, not the average
+    const auto later = file.records("client");
+    REQUIRE(later.size() == 4);  // slow's in rounds 2 and 3: a late report is not the round's
+    CHECK(later[2]["client"] == "slow");
+    CHECK(later[3]["client"] == "slow");
+    CHECK(later[3]["round_id"] == 3);
   }
   SUBCASE("a client that registers again starts from no profile") {
     f.register_client("fast");

@@ -12,24 +12,25 @@ double ema(double previous, double sample, double alpha) {
 }
 
 void update_profile(ClientProfile& profile, const transport::ClientReport& report,
-                    std::size_t shards) {
+                    std::size_t shards, double alpha) {
   if (profile.links.size() != shards) profile.links.resize(shards);
   bool measured = false;
   const double sps = report.samples_per_second;
   if (std::isfinite(sps) && sps > 0) {
-    profile.samples_per_s = ema(profile.samples_per_s, sps);
+    profile.samples_per_s = ema(profile.samples_per_s, sps, alpha);
     measured = true;
   }
   for (const auto& s : report.links) {
     if (s.shard >= shards) continue;  // a layout the coordinator does not have: not its links
     auto& link = profile.links[s.shard];
     if (s.down_bytes > 0 && s.down_seconds > 0 && std::isfinite(s.down_seconds)) {
-      link.down_rate = ema(link.down_rate, static_cast<double>(s.down_bytes) / s.down_seconds);
+      link.down_rate =
+          ema(link.down_rate, static_cast<double>(s.down_bytes) / s.down_seconds, alpha);
       link.down_bytes = s.down_bytes;
       measured = true;
     }
     if (s.up_bytes > 0 && s.up_seconds > 0 && std::isfinite(s.up_seconds)) {
-      link.up_rate = ema(link.up_rate, static_cast<double>(s.up_bytes) / s.up_seconds);
+      link.up_rate = ema(link.up_rate, static_cast<double>(s.up_bytes) / s.up_seconds, alpha);
       link.up_bytes = s.up_bytes;
       measured = true;
     }

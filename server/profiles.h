@@ -37,11 +37,17 @@ struct ClientProfile {
 // alpha * sample + (1 - alpha) * previous; the first measurement (previous == 0) is taken as is.
 double ema(double previous, double sample, double alpha = kProfileAlpha);
 
-// Folds one report's measurements into `profile`: samples_per_second when > 0, and each link
-// sample of a shard below `shards` in the directions it measured (bytes > 0 and seconds > 0).
-// Unmeasured fields leave the averages as they were.
+// Folds one report's measurements into `profile` with weight `alpha`: samples_per_second when
+// > 0, and each link sample of a shard below `shards` in the directions it measured (bytes > 0
+// and seconds > 0). Unmeasured fields leave the averages as they were. alpha = 1 replaces them
+// (the coordinator does so for a round whose work did not fit: see kMissAlpha).
 void update_profile(ClientProfile& profile, const transport::ClientReport& report,
-                    std::size_t shards);
+                    std::size_t shards, double alpha = kProfileAlpha);
+
+// The weight of a measurement from a round whose work did not fit (the update did not complete,
+// or its report came after the round closed): it replaces the averages, which planned that work,
+// so that one round corrects them instead of several missed ones.
+inline constexpr double kMissAlpha = 1.0;
 
 // The transfer time the profile predicts for a round: shards are pulled in parallel and pushed
 // in parallel, so the slowest shard's pull plus the slowest shard's push (the last measured

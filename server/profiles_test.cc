@@ -67,6 +67,12 @@ TEST_CASE("profiles: moving averages with alpha 0.3, the first measurement taken
   CHECK(p.samples_per_s == doctest::Approx(130));
   CHECK(p.links[0].down_rate == doctest::Approx(1700));
   CHECK(p.reports == 2);
+  // A round whose work did not fit replaces the averages (kMissAlpha).
+  update_profile(p, report(20, 2, 1000, 0.1f, 0.1f), 2, kMissAlpha);
+  CHECK(p.samples_per_s == doctest::Approx(20));
+  CHECK(p.links[0].down_rate == doctest::Approx(10000));
+  CHECK(p.links[1].up_rate == doctest::Approx(10000));
+  CHECK(p.reports == 3);
 }
 
 TEST_CASE("profiles: the transfer time is the slowest shard's pull plus the slowest push") {
