@@ -14,6 +14,7 @@
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/registries.h"
 #include "cohort/client/idx.h"
+#include "cohort/client/local_work.h"
 #include "cohort/client/partition.h"
 #include "cohort/client/push_encoding.h"
 #include "cohort/client/shard_client.h"
@@ -284,8 +285,11 @@ class Participant {
     report.model_version = rs.model_version;
     // Pull every shard's range in parallel.
     auto params = net_->parameters();
-    if (!pull_all(*links_, shards(), steady_clock(), rs.round, rs.model_version, params, xo)) {
+    const PullOutcome pulled =
+        pull_all(*links_, shards(), steady_clock(), rs.round, rs.model_version, params, xo);
+    if (!pulled) {
       report.message = "could not pull the model before the deadline";
+      report.links = merge_link_samples(pulled.links, {});  // the shards that did answer
       send_report(report);
       return;
     }
@@ -304,8 +308,16 @@ class Participant {
     // training happens under every server mode.
     const auto seed =
         options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
-    const auto result = trainer_->train(train_, indices_, seed);
+    // RoundStart.local_steps > 0: exactly that many steps (server.work = deadline sizes it per
+    // client); 0: train.epochs / train.steps as configured.
+    const auto result = trainer_->train(train_, indices_, seed, 0, rs.local_steps);
     const auto t_trained = Clock::now();
+    report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
+    report.local_steps = static_cast<std::uint32_t>(result.steps);
+    if (report.train_seconds > 0) {
+      report.samples_per_second =
+          static_cast<float>(static_cast<double>(result.samples) / report.train_seconds);
+    }
     if (auto failed =
             make_delta(rs.round)) {  // a diverged client: tell the coordinator, send nothing
       report.message = *failed;
@@ -320,7 +332,8 @@ class Participant {
          .base_version = rs.model_version,
          .encoding = transport::Encoding::kDenseF32,
          .kind = transport::PushKind::kDelta,
-         .train_loss = static_cast<float>(result.mean_loss)},
+         .train_loss = static_cast<float>(result.mean_loss),
+         .local_work = static_cast<float>(fednova_local_work(options_train_, result.steps))},
         [&](std::size_t i) {
           const auto& s = shards()[i];
           return compressor_ ? std::span<const std::byte>(encoded_[i])
@@ -338,11 +351,11 @@ class Participant {
       report.message = "a shard refused the update: " + pushed.refusals.front();
     report.num_samples = indices_.size();
     report.train_loss = static_cast<float>(result.mean_loss);
-    report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
     report.comm_seconds =
         std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
     report.bytes_sent = links_->bytes_sent() - sent0;
     report.bytes_received = links_->bytes_received() - recv0;
+    report.links = merge_link_samples(pulled.links, pushed.links);
     send_report(report);
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -33,7 +34,8 @@ Envelope push_request(const transport::ShardInfo& shard, const PushFields& f) {
                            .kind = f.kind,
                            .train_loss = f.train_loss,
                            .clock = f.clock,
-                           .elements = shard.end - shard.begin};
+                           .elements = shard.end - shard.begin,
+                           .local_work = f.local_work};
   return e;
 }
 
@@ -127,12 +129,65 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
   }
 }
 
-bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
-              const Clock& clock, std::uint64_t round, std::uint64_t min_version,
-              std::span<float> params, const ExchangeOptions& options, std::uint32_t* batch_size) {
-  return exchange(
+namespace {
+
+// Per shard of an exchange: when its first request went out and, once answered, the sample.
+class LinkTimer {
+ public:
+  LinkTimer(const std::vector<transport::ShardInfo>& shards, const Clock& clock)
+      : shards_(shards),
+        clock_(clock),
+        first_(shards.size()),
+        sent_(shards.size(), false),
+        done_(shards.size()) {}
+  // Before each (re)send of shard i's request: only the first counts.
+  void sending(std::size_t i) {
+    if (sent_[i]) return;
+    sent_[i] = true;
+    first_[i] = clock_.now();
+  }
+  // Shard i answered with `bytes` of payload (pull) or after sending them (push).
+  void answered(std::size_t i, std::uint64_t bytes, bool down) {
+    const float s = std::chrono::duration<float>(clock_.now() - first_[i]).count();
+    // A zero time means "not measured" on the wire: an answer within the clock's tick is not that.
+    const float seconds = std::max(s, 1e-6f);
+    auto& d = done_[i];
+    d = transport::LinkSample{.shard = shards_[i].index};
+    if (down) {
+      d->down_bytes = bytes;
+      d->down_seconds = seconds;
+    } else {
+      d->up_bytes = bytes;
+      d->up_seconds = seconds;
+    }
+  }
+  [[nodiscard]] LinkSamples samples() const {
+    LinkSamples out;
+    for (const auto& d : done_)
+      if (d) out.push_back(*d);
+    return out;
+  }
+
+ private:
+  const std::vector<transport::ShardInfo>& shards_;
+  const Clock& clock_;
+  std::vector<TimePoint> first_;
+  std::vector<bool> sent_;
+  std::vector<std::optional<transport::LinkSample>> done_;
+};
+
+}  // namespace
+
+PullOutcome pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
+                     const Clock& clock, std::uint64_t round, std::uint64_t min_version,
+                     std::span<float> params, const ExchangeOptions& options,
+                     std::uint32_t* batch_size) {
+  LinkTimer timer(shards, clock);
+  PullOutcome out;
+  out.answered = exchange(
       links, clock,
       [&](std::size_t i) {
+        timer.sending(i);
         return std::pair{pull_request(shards[i], round, min_version), transport::Payload{}};
       },
       [&](std::size_t i, Message& m) {
@@ -144,9 +199,12 @@ bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards
         }
         std::memcpy(params.data() + r->begin, m.payload.data(), m.payload.size());
         if (batch_size != nullptr && i == 0) *batch_size = r->batch_size;
+        timer.answered(i, m.payload.size(), /*down=*/true);
         return true;
       },
       options);
+  out.links = timer.samples();
+  return out;
 }
 
 PushOutcome push_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
@@ -154,21 +212,48 @@ PushOutcome push_all(ShardLinks& links, const std::vector<transport::ShardInfo>&
                      const std::function<std::span<const std::byte>(std::size_t)>& bytes_of,
                      const ExchangeOptions& options,
                      const std::function<transport::Encoding(std::size_t)>& encoding_of) {
+  LinkTimer timer(shards, clock);
+  std::vector<std::uint64_t> sizes(shards.size(), 0);
   PushOutcome out;
   out.answered = exchange(
       links, clock,
       [&](std::size_t i) {
         PushFields f = fields;
         if (encoding_of) f.encoding = encoding_of(i);
-        return std::pair{push_request(shards[i], f), transport::Payload{bytes_of(i), nullptr}};
+        const auto bytes = bytes_of(i);
+        sizes[i] = bytes.size();
+        timer.sending(i);
+        return std::pair{push_request(shards[i], f), transport::Payload{bytes, nullptr}};
       },
-      [&](std::size_t, Message& m) {
+      [&](std::size_t i, Message& m) {
         const auto* a = push_ack_for(fields.round, m);
         if (a == nullptr) return false;
         if (!a->accepted) out.refusals.push_back(a->reason);
+        timer.answered(i, sizes[i], /*down=*/false);
         return true;
       },
       options);
+  out.links = timer.samples();
+  return out;
+}
+
+LinkSamples merge_link_samples(const LinkSamples& pulled, const LinkSamples& pushed) {
+  std::map<std::uint32_t, transport::LinkSample> by_shard;
+  for (const auto& p : pulled) {
+    auto& s = by_shard[p.shard];
+    s.shard = p.shard;
+    s.down_bytes = p.down_bytes;
+    s.down_seconds = p.down_seconds;
+  }
+  for (const auto& p : pushed) {
+    auto& s = by_shard[p.shard];
+    s.shard = p.shard;
+    s.up_bytes = p.up_bytes;
+    s.up_seconds = p.up_seconds;
+  }
+  LinkSamples out;
+  out.reserve(by_shard.size());
+  for (const auto& [shard, s] : by_shard) out.push_back(s);
   return out;
 }
 

@@ -206,7 +206,8 @@ TEST_CASE("a patient exchange (a data-parallel pull the shard holds on purpose) 
   FakeLinks links(2, clock, [](std::size_t, const tp::Envelope&) { return std::vector<tp::Message>{}; });
   std::vector<float> params(5, 0.0f);
   const bool ok = cohort::client::pull_all(links, shards, clock, 1, 4, params,
-                                           ExchangeOptions{.deadline = clock.now() + 29s, .patient = true});
+                                           ExchangeOptions{.deadline = clock.now() + 29s, .patient = true})
+                      .answered;
   CHECK_FALSE(ok);
   CHECK(links.sends[0].size() == 1);
   CHECK(links.sends[1].size() == 1);
@@ -254,7 +255,8 @@ TEST_CASE("pull_all writes each shard's range into the model; RoundStart and Bye
   std::vector<float> params(5, 0.0f);
   const bool ok = cohort::client::pull_all(
       links, shards, clock, 2, 6, params,
-      ExchangeOptions{.deadline = clock.now() + 10s, .other = [&](tp::Message&& m) { handed.push_back(std::move(m)); }});
+      ExchangeOptions{.deadline = clock.now() + 10s, .other = [&](tp::Message&& m) { handed.push_back(std::move(m)); }})
+      .answered;
   CHECK(ok);
   CHECK(params == model);
   REQUIRE(handed.size() == 2);
@@ -315,4 +317,78 @@ TEST_CASE("push_all collects refusals, ignores acks of other rounds and survives
   REQUIRE(outcome.refusals.size() == 1);
   CHECK(outcome.refusals[0] == "round 4 is closed (late push)");
   CHECK(links.sends[1].size() == 2);
+}
+
+TEST_CASE("pull_all and push_all time each shard from its first request to its answer") {
+  ManualClock clock;
+  const auto shards = two_shards();
+  const std::vector<float> model{1, 2, 3, 4, 5};
+  // Shard 0 takes 200 ms to answer a pull and 500 ms a push (time passes in its send); shard 1
+  // drops its first pull, so its answer comes after the resend 3 s later.
+  int shard1_pulls = 0;
+  FakeLinks links(2, clock, [&](std::size_t shard, const tp::Envelope& e) {
+    std::vector<tp::Message> out;
+    if (const auto* p = std::get_if<tp::Pull>(&e.body)) {
+      if (shard == 1 && ++shard1_pulls == 1) return out;
+      if (shard == 0) clock.advance(200ms);
+      tp::Envelope r;
+      r.round = e.round;
+      r.body = tp::PullReply{.shard = p->shard, .begin = p->begin, .end = p->end, .version = 1};
+      out.push_back(message(r, std::span<const float>(model).subspan(p->begin, p->end - p->begin)));
+      return out;
+    }
+    if (shard == 0) clock.advance(500ms);
+    out.push_back(message(ack(e.round, true)));
+    return out;
+  });
+  std::vector<float> params(5, 0.0f);
+  const auto pulled = cohort::client::pull_all(links, shards, clock, 1, 1, params,
+                                               ExchangeOptions{.deadline = clock.now() + 60s});
+  CHECK(pulled.answered);
+  REQUIRE(pulled.links.size() == 2);
+  CHECK(pulled.links[0].shard == 0);
+  CHECK(pulled.links[0].down_bytes == 12);
+  CHECK(pulled.links[0].down_seconds == doctest::Approx(0.2));
+  CHECK(pulled.links[0].up_seconds == 0);
+  CHECK(pulled.links[1].shard == 1);
+  CHECK(pulled.links[1].down_bytes == 8);
+  CHECK(pulled.links[1].down_seconds >= 3.0f);  // from the first request, resend included
+  CHECK(pulled.links[1].down_seconds < 3.1f);
+
+  const auto bytes = std::as_bytes(std::span<const float>(model));
+  const auto pushed = cohort::client::push_all(
+      links, shards, clock, PushFields{.round = 1, .num_samples = 10, .local_work = 2.5f},
+      [&](std::size_t i) {
+        return bytes.subspan(shards[i].begin * 4, (shards[i].end - shards[i].begin) * 4);
+      },
+      ExchangeOptions{.deadline = clock.now() + 60s});
+  CHECK(pushed.accepted());
+  REQUIRE(pushed.links.size() == 2);
+  CHECK(pushed.links[0].up_bytes == 12);
+  CHECK(pushed.links[0].up_seconds == doctest::Approx(0.5));
+  CHECK(pushed.links[1].up_bytes == 8);
+  CHECK(pushed.links[1].up_seconds > 0);  // answered at once: measured, not "not measured"
+  CHECK(pushed.links[1].up_seconds < 0.05f);
+  CHECK(pushed.links[0].down_seconds == 0);
+
+  // The report's samples: both directions per shard, a shard only one exchange reached kept.
+  auto only_pull = pulled.links;
+  only_pull.push_back(tp::LinkSample{.shard = 7, .down_bytes = 4, .down_seconds = 1});
+  const auto merged = cohort::client::merge_link_samples(only_pull, pushed.links);
+  REQUIRE(merged.size() == 3);
+  CHECK(merged[0] == tp::LinkSample{.shard = 0,
+                                    .down_bytes = 12,
+                                    .down_seconds = pulled.links[0].down_seconds,
+                                    .up_bytes = 12,
+                                    .up_seconds = pushed.links[0].up_seconds});
+  CHECK(merged[1].down_bytes == 8);
+  CHECK(merged[1].up_bytes == 8);
+  CHECK(merged[2].shard == 7);
+  CHECK(merged[2].up_seconds == 0);
+}
+
+TEST_CASE("push_request carries FedNova's local work") {
+  const auto push = cohort::client::push_request(two_shards()[0],
+                                                 PushFields{.round = 2, .local_work = 4.25f});
+  CHECK(std::get<tp::Push>(push.body).local_work == 4.25f);
 }

@@ -246,12 +246,12 @@ float LocalTrainer::proximal_step(std::size_t batch) {
 }
 
 TrainResult LocalTrainer::train(const Dataset& data, std::span<const std::uint32_t> indices,
-                                std::uint64_t seed, std::size_t first_step) {
-  return train_rows(data, indices, /*all=*/false, seed, first_step);
+                                std::uint64_t seed, std::size_t first_step, std::size_t steps) {
+  return train_rows(data, indices, /*all=*/false, seed, first_step, steps);
 }
 
 TrainResult LocalTrainer::train(const Dataset& data, std::uint64_t seed, std::size_t first_step) {
-  return train_rows(data, {}, /*all=*/true, seed, first_step);
+  return train_rows(data, {}, /*all=*/true, seed, first_step, /*steps=*/0);
 }
 
 EvalResult LocalTrainer::evaluate(const Dataset& data, std::span<const std::uint32_t> indices) {
@@ -263,7 +263,8 @@ EvalResult LocalTrainer::evaluate(const Dataset& data) {
 }
 
 TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::uint32_t> indices,
-                                     bool all, std::uint64_t seed, std::size_t first_step) {
+                                     bool all, std::uint64_t seed, std::size_t first_step,
+                                     std::size_t steps) {
   check_fits(data);
   const std::size_t n = all ? data.size() : indices.size();
   TrainResult result;
@@ -282,8 +283,9 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
     throw DataError("trainer: " + std::to_string(n) + " examples make no full batch of " +
                     std::to_string(B) + " with drop_last");
   }
-  const std::size_t total_steps =
-      options_.steps > 0 ? options_.steps : options_.epochs * batches_per_epoch;
+  const std::size_t total_steps = steps > 0            ? steps
+                                  : options_.steps > 0 ? options_.steps
+                                                       : options_.epochs * batches_per_epoch;
 
   if (options_.reset_optimizer_state) network_.reset_optimizer_state();
   if (options_.prox_mu > 0) {

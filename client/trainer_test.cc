@@ -146,10 +146,17 @@ TEST_CASE("local training learns, counts samples and steps, and is reproducible 
   const TrainResult s = steps_trainer.train(data, rows, 1);
   CHECK(s.steps == 10);
   CHECK(s.samples == 32 + 18 + 32 + 18 + 32 + 18 + 32 + 18 + 32 + 18);
+  // A round's RoundStart.local_steps overrides the options (epochs or steps); 0 keeps them.
+  const TrainResult override_steps = steps_trainer.train(data, rows, 1, 0, /*steps=*/3);
+  CHECK(override_steps.steps == 3);
+  CHECK(override_steps.samples == 32 + 18 + 32);
+  CHECK(steps_trainer.train(data, rows, 1, 0, /*steps=*/0).steps == 10);
   options.steps = 0;
   options.epochs = 2;
   options.drop_last = true;
   LocalTrainer drop_trainer(*net, options);
+  CHECK(drop_trainer.train(data, rows, 1, 0, /*steps=*/5).steps == 5);  // past one epoch
+  CHECK(drop_trainer.options().epochs == 2);
   const TrainResult d = drop_trainer.train(data, rows, 1);
   CHECK(d.steps == 2);
   CHECK(d.samples == 64);

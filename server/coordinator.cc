@@ -43,6 +43,7 @@ Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out
   min_updates_ = r.min_updates;
   max_failed_rounds_ = r.max_failed_rounds;
   deadline_ = r.deadline;
+  work_ = options.work;
   eval_every_ = r.eval_every;
   overselect_ = r.overselect;
   weighted_ = r.selection == Selection::kWeighted;
@@ -119,6 +120,7 @@ bool Coordinator::tick_federated(TimePoint now) {
     const bool enough = done >= per_round_;
     const bool all_reported = reported_ >= selected_.size();
     if (!(enough || all_reported || now >= round_deadline_)) break;
+    write_client_records();  // the round takes no more reports from here on
     if (done < min_updates_ || done < rule_min_) {
       const bool rule = done >= min_updates_;
       round_failed(std::to_string(done) + " complete update(s), fewer than " +
@@ -223,6 +225,8 @@ void Coordinator::on_register(const Message& m, const transport::Register& r) {
   it->second.dataset_size = r.dataset_size;
   it->second.last_seen = clock_.now();
   it->second.reachable = true;
+  // A new session may be new hardware too: measure it afresh.
+  it->second.profile = ClientProfile{};
   if (fresh) it->second.index = next_client_index_++;
   COHORT_LOG(Info) << "client " << (fresh ? "registered: " : "re-registered: ") << m.sender << " ("
                    << r.dataset_size << " samples, " << r.device << ", " << clients_.size()
@@ -300,6 +304,8 @@ void Coordinator::start_round() {
   completed_.clear();
   reported_ = 0;
   reporters_.clear();
+  assigned_.clear();
+  round_clients_.clear();
   round_loss_ = 0;
   round_samples_ = 0;
   round_bytes_ = 0;
@@ -324,12 +330,15 @@ void Coordinator::start_round() {
   round_selection_ = chosen;
   for (std::size_t i = 0; i < shards_.size(); ++i) send_round_open(i);
   for (const auto& id : chosen) {
+    auto& c = clients_.at(id);
+    transport::RoundStart mine = rs;
+    mine.local_steps = local_steps_for(c);
     Envelope e;
     e.round = round_;
-    e.body = rs;
-    auto& c = clients_.at(id);
+    e.body = mine;
     if (out_.send(c.peer, std::move(e))) {
       selected_.insert(id);
+      assigned_[id] = mine.local_steps;
     } else {
       c.reachable = false;
       COHORT_LOG(Info) << "client " << id << " is unreachable (its connection is gone): out of the "
@@ -437,10 +446,14 @@ void Coordinator::on_report(const Message& m, const transport::ClientReport& r) 
     report_.add_evaluation(r);
     return;
   }
-  if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) return;
+  if (state_ != State::kRunning || r.round != round_ || !selected_.contains(m.sender)) {
+    note_late_report(m.sender, r);
+    return;
+  }
   // A client resends its report after a reconnect, not knowing whether it arrived: count once.
   if (!reporters_.insert(m.sender).second) return;
   ++reported_;
+  note_client_report(m.sender, r);
   round_bytes_ += static_cast<double>(r.bytes_sent + r.bytes_received);
   round_uplink_ += static_cast<double>(r.bytes_sent);
   if (!r.trained) {
@@ -454,6 +467,56 @@ void Coordinator::on_report(const Message& m, const transport::ClientReport& r) 
   round_samples_ += r.num_samples;
   round_train_s_ = std::max(round_train_s_, static_cast<double>(r.train_seconds));
   round_comm_s_ = std::max(round_comm_s_, static_cast<double>(r.comm_seconds));
+}
+
+void Coordinator::note_client_report(const NodeId& id, const transport::ClientReport& r) {
+  if (!federated()) return;
+  ClientRoundRecord rec{.round_id = r.round,
+                        .client = id,
+                        .trained = r.trained,
+                        .local_steps = r.local_steps,
+                        .measured_samples_per_s = r.samples_per_second};
+  if (const auto a = assigned_.find(id); a != assigned_.end()) rec.assigned_steps = a->second;
+  if (r.trained) ++participations_[id];
+  rec.participations = participations_[id];
+  if (auto c = clients_.find(id); c != clients_.end()) {
+    update_profile(c->second.profile, r, shards_.size(), r.trained ? kProfileAlpha : kMissAlpha);
+    rec.profile = c->second.profile;  // kept should the client leave before the record is written
+  }
+  round_clients_[id] = std::move(rec);
+}
+
+void Coordinator::note_late_report(const NodeId& id, const transport::ClientReport& r) {
+  if (!federated() || r.round > round_ || !clients_.contains(id)) return;
+  late_[id] = r;
+}
+
+std::uint32_t Coordinator::local_steps_for(const ClientInfo& c) const {
+  if (work_.policy == WorkPolicy::kFixed) return train_.steps;
+  const std::uint32_t hi = work_.max_steps > 0
+                               ? work_.max_steps
+                               : derived_max_steps(train_.steps, train_.epochs, train_.batch_size,
+                                                   c.dataset_size, work_.min_steps);
+  return plan_local_steps(&c.profile,
+                          WorkBounds{.deadline_s = std::chrono::duration<double>(deadline_).count(),
+                                     .margin = work_.margin,
+                                     .batch_size = train_.batch_size,
+                                     .min_steps = work_.min_steps,
+                                     .max_steps = hi});
+}
+
+void Coordinator::write_client_records() {
+  for (const auto& [id, r] : late_) {
+    auto c = clients_.find(id);
+    if (c == clients_.end() || round_clients_.contains(id)) continue;
+    update_profile(c->second.profile, r, shards_.size(), kMissAlpha);
+  }
+  late_.clear();
+  for (auto& [id, rec] : round_clients_) {
+    if (auto c = clients_.find(id); c != clients_.end()) rec.profile = c->second.profile;
+    metrics_.write("client", client_record_fields(rec));
+  }
+  round_clients_.clear();
 }
 
 // The client stops for good: say who and why now, not after deadlines run out.

@@ -19,6 +19,7 @@
 
 #include "mode.h"
 #include "outbox.h"
+#include "profiles.h"
 #include "round_report.h"
 #include "server_options.h"
 #include "shard.h"
@@ -60,6 +61,8 @@ class Coordinator {
     // not count towards server.min_clients) until it is heard from again, which after a
     // reconnect is its registration on the new session.
     bool reachable = true;
+    // Federated: the measured device profile (profiles.h), reset when the client registers.
+    ClientProfile profile;
   };
   struct ShardInfo {
     bool up = false;
@@ -93,6 +96,22 @@ class Coordinator {
   void tick_dataparallel(TimePoint now);
   void tick_fedbuff(TimePoint now);
   void on_report(const transport::Message& m, const transport::ClientReport& r);
+  // A counted federated report: the client's profile takes its measurements (an incomplete
+  // update's replace the averages: kMissAlpha), and its "client" record waits for the end of the
+  // round.
+  void note_client_report(const NodeId& id, const transport::ClientReport& r);
+  // A federated report that came after its round stopped taking reports (a client whose planned
+  // work did not fit the deadline, or one cut when the round filled): kept for the profile.
+  void note_late_report(const NodeId& id, const transport::ClientReport& r);
+  // RoundStart.local_steps for a selected client: train.steps (server.work = fixed) or the
+  // deadline planner's count from its profile.
+  [[nodiscard]] std::uint32_t local_steps_for(const ClientInfo& c) const;
+  // Once the running round takes no more reports: folds the late reports kept since the last
+  // such point into the profiles (with kMissAlpha; not for clients that reported in time in this
+  // round, whose measurement is newer), then writes the round's "client" records in client-id
+  // order. A simulation's late reports all arrive before its next round ends, so it folds and
+  // writes the same every run.
+  void write_client_records();
   void on_fatal_report(const transport::Message& m, const transport::ClientReport& r);
   void on_task_report(const transport::Message& m, const transport::ClientReport& r);
   // The last round (FedBuff: step) the coordinator's own shard closed.
@@ -129,6 +148,7 @@ class Coordinator {
   double overselect_ = 1.0;
   bool weighted_ = false;
   std::chrono::milliseconds deadline_{60000};
+  WorkOptions work_;
   std::chrono::milliseconds client_timeout_{60000};
   std::uint32_t heartbeat_ms_ = 2000;
   std::uint32_t dp_steps_ = 100;  // data-parallel: steps each worker takes
@@ -143,7 +163,12 @@ class Coordinator {
   std::set<NodeId> selected_, completed_;
   std::vector<NodeId> round_selection_;  // the running round's cohort, as sent to the shards
   std::size_t reported_ = 0;
-  std::set<NodeId> reporters_;  // who has reported in the running federated round
+  std::set<NodeId> reporters_;                // who has reported in the running federated round
+  std::map<NodeId, std::uint32_t> assigned_;  // RoundStart.local_steps sent this round
+  std::map<NodeId, ClientRoundRecord> round_clients_;  // this round's records, by client
+  std::map<NodeId, transport::ClientReport> late_;     // late reports not folded in yet
+  // Complete updates per client over the whole run (they survive a re-registration).
+  std::map<NodeId, std::uint64_t> participations_;
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
   std::uint64_t round_samples_ = 0;
   double last_round_s_ = 0;

@@ -2,7 +2,16 @@
 // recording outbox: rounds open, close at their deadline and commit in two phases, no sockets.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "cohort/core/error.h"
+
 #include "coordinator.h"
+#include "options.h"
 #include "shard.h"
 #include "test_util.h"
 
@@ -17,10 +26,12 @@ using transport::RoundStart;
 constexpr std::uint64_t kModelSize = 6;  // mlp:2-2
 
 struct Fixture {
-  explicit Fixture(std::vector<std::string> overrides)
+  // `metrics_path`: where the coordinator's metrics go (empty: discarded).
+  explicit Fixture(std::vector<std::string> overrides, const std::string& metrics_path = "")
       : options(testing::make_options(std::move(overrides))),
         registries(builtin_registries()),
         shards(options.node.shards),
+        metrics(metrics_path),
         shard(options, registries, out, nullptr) {
     shard.setup("mlp:2-2", kModelSize);
     coordinator.emplace(options, shard, out, clock, "coordinator", "inproc://test", metrics);
@@ -40,8 +51,10 @@ struct Fixture {
         transport::Register{
             .role = transport::Role::kShard, .listen_url = "inproc://s", .shard_index = index}));
   }
-  // Client `id` pushes a delta of 0.5 for shard 0's range and reports its round as trained.
-  void train(const NodeId& id, std::uint64_t round) {
+  // Client `id` pushes a delta of 0.5 for shard 0's range and reports its round as trained, with
+  // the measurements of `measured` (its samples/s, local steps and link samples).
+  void train(const NodeId& id, std::uint64_t round,
+             const transport::ClientReport& measured = {}) {
     std::vector<float> update(shard.size(), 0.5f);
     deliver(testing::push_all(id,
                               transport::Push{.shard = 0,
@@ -50,9 +63,11 @@ struct Fixture {
                                               .num_samples = 10,
                                               .elements = shard.size()},
                               round, ++seq, update));
-    deliver(testing::message(
-        id, transport::ClientReport{.round = round, .trained = true, .num_samples = 10}, round,
-        ++seq));
+    transport::ClientReport r = measured;
+    r.round = round;
+    r.trained = true;
+    r.num_samples = 10;
+    deliver(testing::message(id, std::move(r), round, ++seq));
   }
   // RoundStarts sent to client `id`.
   std::vector<RoundStart> starts(const NodeId& id) const {
@@ -80,7 +95,7 @@ struct Fixture {
   std::uint32_t shards;
   RecordingOutbox out;
   ManualClock clock;
-  MetricsSink metrics{""};
+  MetricsSink metrics;
   Shard shard;
   std::optional<Coordinator> coordinator;
   std::uint64_t seq = 100;
@@ -321,6 +336,191 @@ TEST_CASE("coordinator: a report resent after a reconnect counts once") {
   f.coordinator->tick();
   CHECK(f.shard.last_closed() == 1);  // everyone reported: the round closes before its deadline
   CHECK(f.shard.version() == 1);
+}
+
+}  // namespace
+}  // namespace cohort::server
+
+namespace cohort::server {
+namespace {
+
+// A report's measurements: `sps` samples/s over `steps` steps, shard 0 pulled and pushed
+// (1 MB each way) in 0.5 s each.
+transport::ClientReport measured(float sps, std::uint32_t steps) {
+  return transport::ClientReport{.local_steps = steps,
+                                 .samples_per_second = sps,
+                                 .links = {transport::LinkSample{.shard = 0,
+                                                                 .down_bytes = 1'000'000,
+                                                                 .down_seconds = 0.5f,
+                                                                 .up_bytes = 1'000'000,
+                                                                 .up_seconds = 0.5f}}};
+}
+
+// A fresh path in the temporary folder, removed with the object.
+struct TempFile {
+  TempFile()
+      : path(std::filesystem::temp_directory_path() /
+             ("cohort_coordinator_test_" + std::to_string(std::random_device{}()) + ".jsonl")) {}
+  ~TempFile() { std::filesystem::remove(path); }
+  std::vector<nlohmann::json> records(const std::string& event) const {
+    std::ifstream in(path);
+    std::vector<nlohmann::json> out;
+    std::string line;
+    for (int n = 0; n < 10000 && std::getline(in, line); ++n) {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("event", "") == event) out.push_back(std::move(j));
+    }
+    return out;
+  }
+  std::filesystem::path path;
+};
+
+TEST_CASE("coordinator: server.work = deadline sizes each client's steps from its measured speed") {
+  // D = 10 s, margin 0.2, B = 10, transfers 1 s: (10 - 1 - 2) s x s / 10 steps.
+  TempFile file;
+  Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
+             "server.min_clients=2", "server.round_deadline_ms=10000", "server.work=deadline",
+             "server.min_local_steps=2", "server.max_local_steps=500", "train.batch_size=10"},
+            file.path.string());
+  f.register_client("fast");
+  f.register_client("slow");
+  f.coordinator->tick();
+  REQUIRE(f.starts("fast").size() == 1);
+  REQUIRE(f.starts("slow").size() == 1);
+  CHECK(f.starts("fast")[0].local_steps == 2);  // no profile yet: server.min_local_steps
+  CHECK(f.starts("slow")[0].local_steps == 2);
+  f.train("fast", 1, measured(100, 2));
+  f.train("slow", 1, measured(10, 2));
+  f.coordinator->tick();
+  REQUIRE(f.starts("fast").size() == 2);
+  REQUIRE(f.starts("slow").size() == 2);
+  CHECK(f.starts("fast")[1].round == 2);
+  CHECK(f.starts("fast")[1].local_steps == 70);
+  CHECK(f.starts("slow")[1].local_steps == 7);
+
+  // One "client" record per client and round, in client order, with the profile after the report.
+  const auto records = file.records("client");
+  REQUIRE(records.size() == 2);
+  CHECK(records[0]["client"] == "fast");
+  CHECK(records[0]["round_id"] == 1);
+  CHECK(records[0]["trained"] == true);
+  CHECK(records[0]["assigned_steps"] == 2);
+  CHECK(records[0]["local_steps"] == 2);
+  CHECK(records[0]["samples_per_s"].get<double>() == doctest::Approx(100));
+  CHECK(records[0]["down_bytes_per_s_0"].get<double>() == doctest::Approx(2e6));
+  CHECK(records[0]["up_bytes_per_s_0"].get<double>() == doctest::Approx(2e6));
+  CHECK(records[0]["participations"] == 1);
+  CHECK(records[1]["client"] == "slow");
+  CHECK(records[1]["measured_samples_per_s"].get<double>() == doctest::Approx(10));
+
+  SUBCASE("the averages move by alpha = 0.3 towards the new measurement") {
+    f.train("fast", 2, measured(200, 70));
+    f.train("slow", 2, measured(10, 7));
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 3);
+    CHECK(f.starts("fast")[2].local_steps == 91);  // 7 s x 130 samples/s / 10
+    CHECK(f.starts("slow")[2].local_steps == 7);
+    const auto later = file.records("client");
+    REQUIRE(later.size() == 4);
+    CHECK(later[2]["participations"] == 2);
+    CHECK(later[2]["assigned_steps"] == 70);
+  }
+  SUBCASE("a client whose work did not fit: its late report replaces the average") {
+    f.train("slow", 2, measured(10, 7));
+    f.clock.advance(10001ms);  // fast misses the deadline; the round commits with slow's update
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 3);
+    CHECK(f.starts("fast")[2].local_steps == 70);  // nothing new heard from fast yet
+    // fast's report of round 2 arrives during round 3: it trained at 20 samples/s, not 100.
+    auto late = measured(20, 70);
+    late.round = 2;
+    late.message = "could not push before the deadline";
+    f.deliver(testing::message("fast", late, 2, ++f.seq));
+    f.train("slow", 3, measured(10, 7));
+    f.clock.advance(10001ms);
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 4);
+    CHECK(f.starts("fast")[3].local_steps == 14);  // 7 s x 20 samples/s / 10, not the average
+    const auto later = file.records("client");
+    REQUIRE(later.size() == 4);  // slow's in rounds 2 and 3: a late report is not the round's
+    CHECK(later[2]["client"] == "slow");
+    CHECK(later[3]["client"] == "slow");
+    CHECK(later[3]["round_id"] == 3);
+  }
+  SUBCASE("a client that registers again starts from no profile") {
+    f.register_client("fast");
+    f.train("fast", 2, measured(100, 70));
+    f.train("slow", 2, measured(10, 7));
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 3);
+    // Its report of round 2 is its first measurement since registering: 100 samples/s again.
+    CHECK(f.starts("fast")[2].local_steps == 70);
+    const auto later = file.records("client");
+    REQUIRE(later.size() == 4);
+    CHECK(later[2]["profile_reports"] == 1);
+    CHECK(later[2]["participations"] == 2);  // participation survives the registration
+  }
+}
+
+TEST_CASE("server.work and its keys: federated only, deadline only, and checked values") {
+  const Registries registries = builtin_registries();
+  auto error_of = [&](std::vector<std::string> overrides) -> std::string {
+    try {
+      validate(testing::make_config(std::move(overrides)), registries);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK(error_of({"server.work=deadline", "server.min_local_steps=3",
+                  "server.max_local_steps=30", "server.deadline_margin=0.1"}) == "");
+  CHECK(error_of({"server.work=deadline"}) == "");  // max 0: derived per client
+  CHECK(error_of({"server.work=fast"}).find("server.work must be fixed or deadline") == 0);
+  CHECK(error_of({"server.mode=fedbuff", "server.work=deadline"})
+            .find("server.work applies to server.mode = federated only") == 0);
+  CHECK(error_of({"server.mode=dataparallel", "server.max_local_steps=5"})
+            .find("server.max_local_steps applies to server.mode = federated only") == 0);
+  CHECK(error_of({"server.min_local_steps=4"})
+            .find("server.min_local_steps applies to server.work = deadline only") == 0);
+  CHECK(error_of({"server.work=deadline", "server.min_local_steps=0"})
+            .find("server.min_local_steps must be from 1") == 0);
+  CHECK(error_of({"server.work=deadline", "server.min_local_steps=10",
+                  "server.max_local_steps=5"})
+            .find("server.max_local_steps = 5 is below server.min_local_steps = 10") == 0);
+  CHECK(error_of({"server.work=deadline", "server.deadline_margin=1"})
+            .find("server.deadline_margin must be a fraction in [0, 1)") == 0);
+  const auto options = testing::make_options({"server.work=deadline", "server.min_local_steps=3",
+                                              "server.max_local_steps=30",
+                                              "server.deadline_margin=0.1"});
+  CHECK(options.work.policy == WorkPolicy::kDeadline);
+  CHECK(options.work.min_steps == 3);
+  CHECK(options.work.max_steps == 30);
+  CHECK(options.work.margin == doctest::Approx(0.1));
+  CHECK(testing::make_options({}).work.policy == WorkPolicy::kFixed);
+}
+
+TEST_CASE("coordinator: server.work = fixed sends today's RoundStart whatever clients measured") {
+  Fixture f({"server.mode=federated", "server.rounds=3", "server.clients_per_round=2",
+             "server.min_clients=2", "server.round_deadline_ms=1000", "train.steps=5"});
+  f.register_client("fast");
+  f.register_client("slow");
+  f.coordinator->tick();
+  f.train("fast", 1, measured(100, 5));
+  f.train("slow", 1, measured(10, 5));
+  f.coordinator->tick();
+  for (const NodeId id : {"fast", "slow"}) {
+    REQUIRE(f.starts(id).size() == 2);
+    CHECK(f.starts(id)[0] == RoundStart{.round = 1,
+                                        .deadline_ms = 1000,
+                                        .local_epochs = 1,
+                                        .local_steps = 5,
+                                        .model_version = 0});
+    CHECK(f.starts(id)[1] == RoundStart{.round = 2,
+                                        .deadline_ms = 1000,
+                                        .local_epochs = 1,
+                                        .local_steps = 5,
+                                        .model_version = 1});
+  }
 }
 
 }  // namespace

@@ -32,6 +32,10 @@ const ModeKeys kModeKeys[] = {
     {"server.selection", {kFederated}},
     {"server.min_updates", {kFederated}},
     {"server.normalization", {kFederated}},
+    {"server.work", {kFederated}},
+    {"server.min_local_steps", {kFederated}},
+    {"server.max_local_steps", {kFederated}},
+    {"server.deadline_margin", {kFederated}},
     {"server.max_failed_rounds", {kFederated, kFedBuff}},
     {"server.consistency", {kDataParallel}},
     {"server.staleness", {kDataParallel}},
@@ -57,6 +61,45 @@ const ModeKeys kModeKeys[] = {
     {"train.", {kFederated, kFedBuff, kDataParallel}},
     {"decentralized.", {kDecentralized}},
 };
+
+// server.work and the keys that size deadline work (federated mode only; the mode check is done).
+void validate_work(const Config& config) {
+  const std::string work = config.get_string("server.work");
+  if (work != "fixed" && work != "deadline") {
+    throw ConfigError("server.work must be fixed or deadline, got '" + work + "'");
+  }
+  if (work == "fixed") {
+    for (const char* key :
+         {"server.min_local_steps", "server.max_local_steps", "server.deadline_margin"}) {
+      if (config.is_set(key)) {
+        throw ConfigError(std::string(key) +
+                          " applies to server.work = deadline only (server.work = fixed runs "
+                          "train.epochs / train.steps on every client)");
+      }
+    }
+    return;
+  }
+  constexpr std::int64_t kMaxSteps = 1'000'000'000;
+  const std::int64_t lo = config.get_int("server.min_local_steps");
+  const std::int64_t hi = config.get_int("server.max_local_steps");
+  if (lo < 1 || lo > kMaxSteps) {
+    throw ConfigError("server.min_local_steps must be from 1 to 1000000000, got " +
+                      std::to_string(lo));
+  }
+  if (hi < 0 || hi > kMaxSteps) {
+    throw ConfigError("server.max_local_steps must be from 0 (derived) to 1000000000, got " +
+                      std::to_string(hi));
+  }
+  if (hi > 0 && hi < lo) {
+    throw ConfigError("server.max_local_steps = " + std::to_string(hi) +
+                      " is below server.min_local_steps = " + std::to_string(lo));
+  }
+  const double margin = config.get_double("server.deadline_margin");
+  if (!(margin >= 0 && margin < 1)) {
+    throw ConfigError("server.deadline_margin must be a fraction in [0, 1), got " +
+                      std::to_string(margin));
+  }
+}
 
 std::string join(std::initializer_list<std::string_view> items) {
   std::string out;
@@ -165,6 +208,7 @@ void validate(const Config& config, const Registries& registries) {
         "the updates), got '" +
         rule + "'");
   }
+  validate_work(config);
   const auto cohort = static_cast<std::size_t>(
       std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
   if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
@@ -274,6 +318,21 @@ ConfigSchema config_schema() {
            "with its push (a push without a_i > 0 is refused); needs aggregator.name = fedavg; "
            "with dp.clip each Delta_i / a_i is clipped and p_i = 1/m")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
+      .add("server.work", std::string("fixed"),
+           "federated: fixed (every client runs train.epochs / train.steps) | deadline (each "
+           "selected client gets the local steps its measured speed and links fit into "
+           "server.round_deadline_ms, within [server.min_local_steps, server.max_local_steps]; "
+           "one without a measured profile yet gets server.min_local_steps)")
+      .add("server.min_local_steps", std::int64_t{1},
+           "server.work = deadline: fewest local steps asked of a client, and what a client "
+           "without a measured profile gets")
+      .add("server.max_local_steps", std::int64_t{0},
+           "server.work = deadline: most local steps asked of a client (0: the work "
+           "server.work = fixed gives it: train.steps, else train.epochs x ceil(its samples / "
+           "train.batch_size))")
+      .add("server.deadline_margin", 0.2,
+           "server.work = deadline: fraction of server.round_deadline_ms left out of each "
+           "client's plan (speed changes since its last report, the report and the close)")
       .add("server.eval_every", std::int64_t{1},
            "evaluate on the test set every R rounds (0: never)")
       .add("server.seed", std::int64_t{1}, "seed of client selection")

@@ -118,6 +118,13 @@ ServerOptions server_options_from(const Config& c) {
   o.model = {.spec = c.get_string("model.spec"),
              .seed = static_cast<std::uint64_t>(c.get_int("model.seed"))};
   o.round = round_options(c);
+  o.work = {.policy = c.get_string("server.work") == "deadline" ? WorkPolicy::kDeadline
+                                                                : WorkPolicy::kFixed,
+            .min_steps = static_cast<std::uint32_t>(
+                std::max<std::int64_t>(1, c.get_int("server.min_local_steps"))),
+            .max_steps = static_cast<std::uint32_t>(
+                std::max<std::int64_t>(0, c.get_int("server.max_local_steps"))),
+            .margin = c.get_double("server.deadline_margin")};
   o.fedbuff = {
       .buffer_size =
           static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.buffer_size"))),

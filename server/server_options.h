@@ -76,6 +76,19 @@ struct RoundOptions {
   std::chrono::milliseconds client_timeout{60000};  // server.client_timeout_ms
 };
 
+// server.work: how much local training a federated round asks of each selected client.
+enum class WorkPolicy : std::uint8_t {
+  kFixed,     // every client: train.epochs / train.steps (RoundStart.local_steps = train.steps)
+  kDeadline,  // each client: the steps its measured profile fits into the deadline (profiles.h)
+};
+
+struct WorkOptions {
+  WorkPolicy policy = WorkPolicy::kFixed;  // server.work
+  std::uint32_t min_steps = 1;             // server.min_local_steps, at least 1
+  std::uint32_t max_steps = 0;             // server.max_local_steps (0: the fixed policy's work)
+  double margin = 0.2;                     // server.deadline_margin, in [0, 1)
+};
+
 struct FedBuffOptions {
   std::size_t buffer_size = 10;     // server.buffer_size (K), at least 1
   std::int64_t max_staleness = -1;  // server.max_staleness (< 0: no bound)
@@ -124,6 +137,7 @@ struct ServerOptions {
   TransportOptions transport;
   ModelOptions model;
   RoundOptions round;
+  WorkOptions work;
   FedBuffOptions fedbuff;
   DataParallelOptions dataparallel;
   CheckpointOptions checkpoint;

@@ -42,6 +42,7 @@ struct PushFields {
   transport::PushKind kind = transport::PushKind::kDelta;
   float train_loss = 0;
   std::uint64_t clock = 0;  // data-parallel: the worker's clock (gradients pushed so far)
+  float local_work = 0;     // FedNova's a_i (local_work.h); 0: not given
 };
 
 // A Pull of `shard`'s whole range at `min_version` (data-parallel: the worker's clock).
@@ -124,18 +125,38 @@ using AcceptAnswer = std::function<bool(std::size_t, transport::Message&)>;
 bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
               const AcceptAnswer& accept, const ExchangeOptions& options);
 
-// Pulls every shard's range into `params` (the flat model). False at the deadline or on stop.
-// `batch_size`, when given, receives shard 0's PullReply.batch_size (data-parallel speed batches).
-bool pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
-              const Clock& clock, std::uint64_t round, std::uint64_t min_version,
-              std::span<float> params, const ExchangeOptions& options,
-              std::uint32_t* batch_size = nullptr);
+// What pull_all and push_all measured of each link: one LinkSample per shard that answered, in
+// shard order, with its ShardInfo.index. The time runs from the first request to that shard
+// (before its send, which for a large push streams the payload) to its answer, on the exchange's
+// clock: latency, transfer and the shard's own work, and any resends, all included. Bytes are the
+// payload's (pull: the reply's; push: the update's). A pull fills the down_* fields, a push the
+// up_* fields; the client merges the two (merge_link_samples) for its ClientReport.
+using LinkSamples = std::vector<transport::LinkSample>;
+
+struct PullOutcome {
+  bool answered = false;  // every shard replied before the deadline
+  LinkSamples links;
+  explicit operator bool() const { return answered; }
+};
+
+// Pulls every shard's range into `params` (the flat model). answered = false at the deadline or on
+// stop. `batch_size`, when given, receives shard 0's PullReply.batch_size (data-parallel speed
+// batches).
+PullOutcome pull_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,
+                     const Clock& clock, std::uint64_t round, std::uint64_t min_version,
+                     std::span<float> params, const ExchangeOptions& options,
+                     std::uint32_t* batch_size = nullptr);
 
 struct PushOutcome {
   bool answered = false;              // every shard acknowledged before the deadline
   std::vector<std::string> refusals;  // the reasons of the shards that refused
+  LinkSamples links;                  // acknowledged shards (a refusal is an answer too)
   [[nodiscard]] bool accepted() const { return answered && refusals.empty(); }
 };
+
+// One sample per shard of either list, ordered by shard, with the down_* fields of `pulled` and
+// the up_* fields of `pushed`.
+LinkSamples merge_link_samples(const LinkSamples& pulled, const LinkSamples& pushed);
 
 // Pushes shard i's bytes, bytes_of(i), with `fields` (encoding_of(i) when given) to every shard.
 PushOutcome push_all(ShardLinks& links, const std::vector<transport::ShardInfo>& shards,

@@ -111,9 +111,10 @@ class LocalTrainer {
 
   // Trains on data's rows `indices` (an empty list trains nothing). `seed` decides the per-epoch
   // shuffles; `first_step` is the schedule position of the first step (e.g. round * steps). The
-  // network's parameters are updated in place.
+  // network's parameters are updated in place. `steps` > 0 runs exactly that many steps instead
+  // of the options' epochs or steps (a federated round's RoundStart.local_steps); 0: as configured.
   TrainResult train(const Dataset& data, std::span<const std::uint32_t> indices, std::uint64_t seed,
-                    std::size_t first_step = 0);
+                    std::size_t first_step = 0, std::size_t steps = 0);
   // The same over every row of `data` (centralized training).
   TrainResult train(const Dataset& data, std::uint64_t seed, std::size_t first_step = 0);
 
@@ -129,7 +130,7 @@ class LocalTrainer {
   void check_fits(const Dataset& data) const;
   // `all`: every row of data, in which case `indices` is ignored.
   TrainResult train_rows(const Dataset& data, std::span<const std::uint32_t> indices, bool all,
-                         std::uint64_t seed, std::size_t first_step);
+                         std::uint64_t seed, std::size_t first_step, std::size_t steps);
   EvalResult evaluate_rows(const Dataset& data, std::span<const std::uint32_t> indices, bool all);
   // Copies the given rows into batch_x_ / batch_y_.
   void gather(const Dataset& data, std::span<const std::uint32_t> rows);

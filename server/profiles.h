@@ -1,0 +1,95 @@
+// Measured device profiles and deadline-sized work (docs/ALGORITHMS.md "Deadline-sized work",
+// issue 23). Every federated ClientReport carries the client's training throughput and, per
+// shard, the bytes and request-to-answer times of its pull and its push; the coordinator keeps a
+// profile per client, exponential moving averages of those measurements, reset when the client
+// registers again. Under server.work = deadline the next round's RoundStart.local_steps of each
+// selected client comes from plan_local_steps(). Pure functions: no clock, no I/O. Internal to
+// the server library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cohort/core/metrics.h"
+#include "cohort/transport/messages.h"
+
+namespace cohort::server {
+
+// The weight of the newest measurement in every moving average.
+inline constexpr double kProfileAlpha = 0.3;
+
+// One shard's link as the client measured it. Rates are payload bytes over the time from request
+// to answer, so they fold latency and the shard's own work in: for a payload of the size measured
+// they predict the time the client will wait.
+struct LinkProfile {
+  double down_rate = 0;  // pull: bytes/s, moving average; 0: never measured
+  double up_rate = 0;    // push (to its acknowledgement): bytes/s, moving average; 0: never
+  std::uint64_t down_bytes = 0, up_bytes = 0;  // the payloads of the last measurement
+};
+
+struct ClientProfile {
+  double samples_per_s = 0;        // training throughput, moving average; 0: never measured
+  std::vector<LinkProfile> links;  // by shard index (sized to the federation's shards)
+  std::uint64_t reports = 0;       // reports folded in since the client (re-)registered
+};
+
+// alpha * sample + (1 - alpha) * previous; the first measurement (previous == 0) is taken as is.
+double ema(double previous, double sample, double alpha = kProfileAlpha);
+
+// Folds one report's measurements into `profile` with weight `alpha`: samples_per_second when
+// > 0, and each link sample of a shard below `shards` in the directions it measured (bytes > 0
+// and seconds > 0). Unmeasured fields leave the averages as they were. alpha = 1 replaces them
+// (the coordinator does so for a round whose work did not fit: see kMissAlpha).
+void update_profile(ClientProfile& profile, const transport::ClientReport& report,
+                    std::size_t shards, double alpha = kProfileAlpha);
+
+// The weight of a measurement from a round whose work did not fit (the update did not complete,
+// or its report came after the round closed): it replaces the averages, which planned that work,
+// so that one round corrects them instead of several missed ones.
+inline constexpr double kMissAlpha = 1.0;
+
+// The transfer time the profile predicts for a round: shards are pulled in parallel and pushed
+// in parallel, so the slowest shard's pull plus the slowest shard's push (the last measured
+// payloads at the averaged rates). Negative when a shard's rate is unknown in either direction.
+double expected_transfer_seconds(const ClientProfile& profile);
+
+// What the planner needs besides the profile.
+struct WorkBounds {
+  double deadline_s = 60;         // D: server.round_deadline_ms in seconds
+  double margin = 0.2;            // server.deadline_margin: the fraction of D left unplanned
+  std::uint64_t batch_size = 64;  // B: train.batch_size
+  std::uint32_t min_steps = 1;    // server.min_local_steps
+  std::uint32_t max_steps = 1;    // server.max_local_steps, or the client's derived bound
+};
+
+// tau = clamp(floor((D - c - margin * D) * s / B), min_steps, max_steps), with s the profile's
+// samples/s and c its expected transfer time. min_steps for a client without a usable profile
+// (none, no throughput yet, or a shard's rate unknown) and when transfers alone use the budget.
+// max_steps below min_steps is taken as min_steps.
+std::uint32_t plan_local_steps(const ClientProfile* profile, const WorkBounds& bounds);
+
+// server.max_local_steps = 0: the work server.work = fixed gives a client with `samples` samples,
+// train.steps when set, else train.epochs x ceil(samples / batch_size); at least min_steps.
+std::uint32_t derived_max_steps(std::uint32_t train_steps, std::uint32_t train_epochs,
+                                std::uint64_t batch_size, std::uint64_t samples,
+                                std::uint32_t min_steps);
+
+// One client's part in one federated round, as its "client" metrics record shows it.
+struct ClientRoundRecord {
+  std::uint64_t round_id = 0;
+  std::string client;
+  bool trained = false;
+  std::uint32_t assigned_steps = 0;   // RoundStart.local_steps sent (0: as configured)
+  std::uint32_t local_steps = 0;      // ClientReport.local_steps
+  double measured_samples_per_s = 0;  // ClientReport.samples_per_second
+  std::uint64_t participations = 0;   // complete updates so far, this one included
+  ClientProfile profile;              // after this report
+};
+
+// The fields of the "client" record: round_id, client, trained, assigned_steps, local_steps,
+// measured_samples_per_s, samples_per_s (the average), profile_reports, participations, and per
+// shard k down_bytes_per_s_<k> and up_bytes_per_s_<k> (averages; 0: not measured).
+std::vector<MetricField> client_record_fields(const ClientRoundRecord& record);
+
+}  // namespace cohort::server
