@@ -84,6 +84,9 @@ SERVER_KEYS = {
     "tls.ca_file", "tls.cert_file", "tls.key_file", "tls.coordinator_name", "transport.chunk_kib", "transport.receive_queue",
     "transport.aead",
     "dp.clip", "dp.noise_multiplier", "dp.delta", "dp.seed",
+    "server.normalization", "server.work", "server.min_local_steps", "server.max_local_steps",
+    "server.deadline_margin", "server.batch_policy", "server.max_worker_batch",
+    "server.rebalance_every",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",

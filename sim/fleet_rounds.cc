@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "cohort/client/local_work.h"
 #include "cohort/client/shard_client.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
@@ -21,14 +22,6 @@ double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// FedNova's a_i for `steps` steps of the fleet's trainer (its optimizer's momentum; Adam and
-// AdamW have none that FedNova defines).
-double local_work(const client::TrainerOptions& o, std::size_t steps) {
-  const bool sgd = o.optimizer.kind == kernels::OptimizerKind::kSgd;
-  return sim_fednova_local_work(steps, sgd ? o.optimizer.momentum : 0.0,
-                                sgd && o.optimizer.nesterov, o.optimizer.learning_rate, o.prox_mu);
 }
 
 }  // namespace
@@ -276,7 +269,7 @@ void Fleet::push(Job& job) {
                               .base_version = job.rs.model_version,
                               .train_loss = static_cast<float>(job.result.mean_loss)});
     std::get<transport::Push>(e.body).local_work =
-        static_cast<float>(local_work(options_, job.result.steps));
+        static_cast<float>(client::fednova_local_work(options_, job.result.steps));
     const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
     job.bytes_up += slice.size();
     // Zero copy: ZeroMQ holds the delta until the shard has folded it in.

@@ -5,20 +5,6 @@
 
 namespace cohort::sim {
 
-double sim_fednova_local_work(std::uint64_t steps, double momentum, bool nesterov,
-                              double learning_rate, double prox_mu) {
-  const double tau = static_cast<double>(steps);
-  if (steps == 0) return 0.0;
-  if (momentum > 0) {
-    const double rho = momentum;
-    const double heavy_ball = (tau - rho * (1.0 - std::pow(rho, tau)) / (1.0 - rho)) / (1.0 - rho);
-    return nesterov ? tau + rho * heavy_ball : heavy_ball;
-  }
-  const double decay = learning_rate * prox_mu;
-  if (decay > 0 && decay < 1) return (1.0 - std::pow(1.0 - decay, tau)) / decay;
-  return tau;
-}
-
 std::vector<transport::LinkSample> virtual_links(const DeviceProfile& profile,
                                                  std::span<const ShardBytes> shards) {
   std::vector<std::uint64_t> down, up;

@@ -8,40 +8,6 @@
 namespace cohort::sim {
 namespace {
 
-// The sum of the coefficients that `steps` steps of kernels/optimizer.h's SGD put on their
-// gradients when every gradient is the same (g = 1) and nothing else moves the weights: FedNova's
-// a_i by definition (the update is -lr * a_i * g).
-double simulated_local_work(std::uint64_t steps, double momentum, bool nesterov) {
-  double v = 0, moved = 0;
-  for (std::uint64_t t = 0; t < steps; ++t) {
-    v = momentum * v + 1.0;
-    moved += nesterov ? 1.0 + momentum * v : v;
-  }
-  return moved;
-}
-
-TEST_CASE("FedNova's local work is tau for plain SGD and the paper's forms otherwise") {
-  CHECK(sim_fednova_local_work(0, 0, false, 0.1, 0) == 0.0);
-  CHECK(sim_fednova_local_work(7, 0, false, 0.1, 0) == 7.0);
-  // Heavy-ball (1.20): [τ − ρ(1 − ρ^τ)/(1 − ρ)] / (1 − ρ), which is what the optimizer does.
-  const double rho = 0.9;
-  CHECK(sim_fednova_local_work(10, rho, false, 0.1, 0) ==
-        doctest::Approx((10 - rho * (1 - std::pow(rho, 10)) / (1 - rho)) / (1 - rho)));
-  for (std::uint64_t tau : {1, 2, 5, 50}) {
-    CHECK(sim_fednova_local_work(tau, rho, false, 0.1, 0) ==
-          doctest::Approx(simulated_local_work(tau, rho, false)));
-    CHECK(sim_fednova_local_work(tau, rho, true, 0.1, 0) ==
-          doctest::Approx(simulated_local_work(tau, rho, true)));
-  }
-  CHECK(sim_fednova_local_work(1, rho, false, 0.1, 0) == doctest::Approx(1.0));
-  // FedProx: [1 − (1 − ημ)^τ] / (ημ); each step shrinks the distance to the start by (1 − ημ).
-  const double eta = 0.1, mu = 0.5;
-  CHECK(sim_fednova_local_work(20, 0, false, eta, mu) ==
-        doctest::Approx((1 - std::pow(1 - eta * mu, 20)) / (eta * mu)));
-  CHECK(sim_fednova_local_work(20, 0, false, eta, mu) < 20.0);
-  CHECK(sim_fednova_local_work(1, 0, false, eta, mu) == doctest::Approx(1.0));
-}
-
 TEST_CASE("a virtual client's links: every shard at once over one link, from its profile") {
   DeviceProfile p;
   p.latency_ms = 20;
