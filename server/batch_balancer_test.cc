@@ -272,51 +272,39 @@ TEST_CASE("BSP speed batches with equal batches take the equal policy's step, bi
   CHECK(speed.params() != SpeedShard({"server.mode=dataparallel"}).params());
 }
 
-// The ConfigError validate() throws for `overrides`, or "" if it throws none.
-std::string refusal(std::vector<std::string> overrides) {
-  overrides.emplace_back("tls.insecure=true");
-  const auto registries = builtin_registries();
-  try {
-    validate(testing::make_config(std::move(overrides)), registries);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST_CASE("server.batch_policy and its keys: start-up refuses what cannot be honoured") {
   const std::vector<std::string> dp{"server.mode=dataparallel"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), dp.begin(), dp.end());
     return more;
   };
-  CHECK(refusal(with({"server.batch_policy=speed"})).empty());
-  CHECK(refusal(with({"server.batch_policy=speed", "server.max_worker_batch=64",
-                      "server.rebalance_every=10"}))
+  CHECK(testing::validate_error(with({"server.batch_policy=speed"})).empty());
+  CHECK(testing::validate_error(with({"server.batch_policy=speed", "server.max_worker_batch=64",
+                                      "server.rebalance_every=10"}))
             .empty());
-  CHECK(refusal(with({"server.batch_policy=fast"})) ==
+  CHECK(testing::validate_error(with({"server.batch_policy=fast"})) ==
         "server.batch_policy must be equal or speed, got 'fast'");
-  CHECK(refusal(with({"server.batch_policy=speed", "server.consistency=asp"})) ==
+  CHECK(testing::validate_error(with({"server.batch_policy=speed", "server.consistency=asp"})) ==
         "server.batch_policy = speed needs server.consistency = bsp (ASP and SSP keep equal "
         "batches: their pace is not set by the slowest worker), got 'asp'");
-  CHECK(refusal(with({"server.batch_policy=speed", "server.consistency=ssp"})).find("got 'ssp'") !=
-        std::string::npos);
-  CHECK(refusal(with({"server.max_worker_batch=64"})) ==
+  CHECK(testing::validate_error(with({"server.batch_policy=speed", "server.consistency=ssp"}))
+            .find("got 'ssp'") != std::string::npos);
+  CHECK(testing::validate_error(with({"server.max_worker_batch=64"})) ==
         "server.max_worker_batch applies to server.batch_policy = speed only");
-  CHECK(refusal(with({"server.batch_policy=equal", "server.rebalance_every=5"})) ==
+  CHECK(testing::validate_error(with({"server.batch_policy=equal", "server.rebalance_every=5"})) ==
         "server.rebalance_every applies to server.batch_policy = speed only");
-  CHECK(refusal(with({"server.batch_policy=speed", "server.rebalance_every=0"})) ==
+  CHECK(testing::validate_error(with({"server.batch_policy=speed", "server.rebalance_every=0"})) ==
         "server.rebalance_every must be >= 1, got 0");
-  CHECK(refusal(with(
+  CHECK(testing::validate_error(with(
             {"server.batch_policy=speed", "train.batch_size=32", "server.max_worker_batch=16"})) ==
         "server.max_worker_batch must be 0 (no cap) or at least train.batch_size = 32 (the "
         "workers must be able to take the global batch), got 16");
-  CHECK(refusal(with({"server.batch_policy=speed", "train.batch_size=1000000000",
-                      "server.clients_per_round=5"}))
+  CHECK(testing::validate_error(with({"server.batch_policy=speed", "train.batch_size=1000000000",
+                                      "server.clients_per_round=5"}))
             .find("must fit in 32 bits") != std::string::npos);
-  CHECK(refusal({"server.mode=federated", "server.batch_policy=equal"}) ==
+  CHECK(testing::validate_error({"server.mode=federated", "server.batch_policy=equal"}) ==
         "server.batch_policy applies to server.mode = dataparallel only, not federated");
-  CHECK(refusal({"server.mode=fedbuff", "server.rebalance_every=3"}) ==
+  CHECK(testing::validate_error({"server.mode=fedbuff", "server.rebalance_every=3"}) ==
         "server.rebalance_every applies to server.mode = dataparallel only, not fedbuff");
 }
 

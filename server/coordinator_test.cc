@@ -53,8 +53,7 @@ struct Fixture {
   }
   // Client `id` pushes a delta of 0.5 for shard 0's range and reports its round as trained, with
   // the measurements of `measured` (its samples/s, local steps and link samples).
-  void train(const NodeId& id, std::uint64_t round,
-             const transport::ClientReport& measured = {}) {
+  void train(const NodeId& id, std::uint64_t round, const transport::ClientReport& measured = {}) {
     std::vector<float> update(shard.size(), 0.5f);
     deliver(testing::push_all(id,
                               transport::Push{.shard = 0,
@@ -463,35 +462,28 @@ TEST_CASE("coordinator: server.work = deadline sizes each client's steps from it
 }
 
 TEST_CASE("server.work and its keys: federated only, deadline only, and checked values") {
-  const Registries registries = builtin_registries();
-  auto error_of = [&](std::vector<std::string> overrides) -> std::string {
-    try {
-      validate(testing::make_config(std::move(overrides)), registries);
-    } catch (const ConfigError& e) {
-      return e.what();
-    }
-    return "";
-  };
-  CHECK(error_of({"server.work=deadline", "server.min_local_steps=3",
-                  "server.max_local_steps=30", "server.deadline_margin=0.1"}) == "");
-  CHECK(error_of({"server.work=deadline"}) == "");  // max 0: derived per client
-  CHECK(error_of({"server.work=fast"}).find("server.work must be fixed or deadline") == 0);
-  CHECK(error_of({"server.mode=fedbuff", "server.work=deadline"})
+  CHECK(testing::validate_error({"server.work=deadline", "server.min_local_steps=3",
+                                 "server.max_local_steps=30", "server.deadline_margin=0.1"}) == "");
+  CHECK(testing::validate_error({"server.work=deadline"}) == "");  // max 0: derived per client
+  CHECK(
+      testing::validate_error({"server.work=fast"}).find("server.work must be fixed or deadline") ==
+      0);
+  CHECK(testing::validate_error({"server.mode=fedbuff", "server.work=deadline"})
             .find("server.work applies to server.mode = federated only") == 0);
-  CHECK(error_of({"server.mode=dataparallel", "server.max_local_steps=5"})
+  CHECK(testing::validate_error({"server.mode=dataparallel", "server.max_local_steps=5"})
             .find("server.max_local_steps applies to server.mode = federated only") == 0);
-  CHECK(error_of({"server.min_local_steps=4"})
+  CHECK(testing::validate_error({"server.min_local_steps=4"})
             .find("server.min_local_steps applies to server.work = deadline only") == 0);
-  CHECK(error_of({"server.work=deadline", "server.min_local_steps=0"})
+  CHECK(testing::validate_error({"server.work=deadline", "server.min_local_steps=0"})
             .find("server.min_local_steps must be from 1") == 0);
-  CHECK(error_of({"server.work=deadline", "server.min_local_steps=10",
-                  "server.max_local_steps=5"})
+  CHECK(testing::validate_error(
+            {"server.work=deadline", "server.min_local_steps=10", "server.max_local_steps=5"})
             .find("server.max_local_steps = 5 is below server.min_local_steps = 10") == 0);
-  CHECK(error_of({"server.work=deadline", "server.deadline_margin=1"})
+  CHECK(testing::validate_error({"server.work=deadline", "server.deadline_margin=1"})
             .find("server.deadline_margin must be a fraction in [0, 1)") == 0);
-  const auto options = testing::make_options({"server.work=deadline", "server.min_local_steps=3",
-                                              "server.max_local_steps=30",
-                                              "server.deadline_margin=0.1"});
+  const auto options =
+      testing::make_options({"server.work=deadline", "server.min_local_steps=3",
+                             "server.max_local_steps=30", "server.deadline_margin=0.1"});
   CHECK(options.work.policy == WorkPolicy::kDeadline);
   CHECK(options.work.min_steps == 3);
   CHECK(options.work.max_steps == 30);

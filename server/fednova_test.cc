@@ -365,38 +365,26 @@ TEST_CASE("FedNova: a push without a usable local work is refused and the round 
   }
 }
 
-// The ConfigError validate() throws for `overrides`, or "" if it throws none.
-std::string validate_error(std::vector<std::string> overrides) {
-  overrides.emplace_back("tls.insecure=true");
-  const auto registries = builtin_registries();
-  try {
-    validate(testing::make_config(std::move(overrides)), registries);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST_CASE("server.normalization: start-up refuses what it cannot honour, naming the keys") {
-  CHECK(validate_error({"server.normalization=fednova"}).empty());
-  CHECK(validate_error({"server.normalization=fednova", "dp.clip=1"}).empty());
-  CHECK(validate_error({"server.normalization=none", "aggregator.name=median"}).empty());
+  CHECK(testing::validate_error({"server.normalization=fednova"}).empty());
+  CHECK(testing::validate_error({"server.normalization=fednova", "dp.clip=1"}).empty());
+  CHECK(testing::validate_error({"server.normalization=none", "aggregator.name=median"}).empty());
   for (const std::vector<std::string>& rule :
        {std::vector<std::string>{"aggregator.name=median"},
         std::vector<std::string>{"aggregator.name=trimmed_mean"},
         std::vector<std::string>{"aggregator.name=norm_clip", "aggregator.bound=1"}}) {
     auto overrides = rule;
     overrides.emplace_back("server.normalization=fednova");
-    const std::string why = validate_error(overrides);
+    const std::string why = testing::validate_error(overrides);
     INFO(why);
     CHECK(why.find("server.normalization = fednova") != std::string::npos);
     CHECK(why.find("aggregator.name = fedavg") != std::string::npos);
   }
-  CHECK(validate_error({"server.normalization=fedprox"}) ==
+  CHECK(testing::validate_error({"server.normalization=fedprox"}) ==
         "server.normalization must be none or fednova, got 'fedprox'");
-  CHECK(validate_error({"server.mode=fedbuff", "server.normalization=fednova"}) ==
+  CHECK(testing::validate_error({"server.mode=fedbuff", "server.normalization=fednova"}) ==
         "server.normalization applies to server.mode = federated only, not fedbuff");
-  CHECK(validate_error({"server.mode=dataparallel", "server.normalization=none"}) ==
+  CHECK(testing::validate_error({"server.mode=dataparallel", "server.normalization=none"}) ==
         "server.normalization applies to server.mode = federated only, not dataparallel");
   // And the edge parses it into the enum.
   CHECK(testing::make_options({"server.normalization=fednova"}).normalization ==

@@ -10,8 +10,10 @@
 
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
+#include "cohort/core/error.h"
 #include "cohort/server/server.h"
 
+#include "options.h"
 #include "outbox.h"
 #include "server_options.h"
 
@@ -56,6 +58,18 @@ class RecordingOutbox final : public Outbox {
 inline Config make_config(std::vector<std::string> overrides) {
   overrides.insert(overrides.begin(), {"model.spec=mlp:2-2", "server.eval_every=0"});
   return Config::load(config_schema(), std::nullopt, overrides);
+}
+
+// The ConfigError that start-up's validate() throws for `overrides` (plus tls.insecure = true,
+// so no key files are needed), or "" if it throws none.
+inline std::string validate_error(std::vector<std::string> overrides) {
+  overrides.emplace_back("tls.insecure=true");
+  try {
+    validate(make_config(std::move(overrides)), builtin_registries());
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // The server's options from make_config(overrides), filled as run() fills them.
