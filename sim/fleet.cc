@@ -275,7 +275,6 @@ void Fleet::setup_model(const transport::Welcome& w) {
     slot->net = device_->make_network(spec_);
     slot->net->init(sim_.data.seed);
     slot->trainer.emplace(*slot->net, options_);
-    slot->steps = options_.steps;
     free_slots_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }

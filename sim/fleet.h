@@ -33,12 +33,10 @@
 
 namespace cohort::sim {
 
-// A training thread's network and trainer; the fleet keeps one per thread. The trainer runs
-// `steps` steps per call (0: train.epochs), remade when a job asks for another count.
+// A training thread's network and trainer; the fleet keeps one per thread.
 struct Slot {
   std::unique_ptr<kernels::Network> net;
   std::optional<client::LocalTrainer> trainer;
-  std::size_t steps = 0;
 };
 
 // Speaks for options.clients virtual clients to the shards at `urls` until the coordinator says
@@ -172,8 +170,6 @@ class Fleet {
   void on_pulled(Job& job);
   void submit(Job& job);
   Slot* acquire_slot();
-  // The slot's trainer, remade for `steps` steps per call if it runs another count.
-  client::LocalTrainer& trainer_for(Slot& slot, std::size_t steps);
   void release_slot(Slot* s);
   void collect_results();
   void push(Job& job);

@@ -199,7 +199,8 @@ void Fleet::submit(Job& job) {
         j->eval = slot->trainer->evaluate(test_);
       } else {
         const auto seed = sim_.data.seed * 1000003ULL + j->rs.model_version * 7919ULL + j->client;
-        j->result = trainer_for(*slot, j->steps).train(train_, partition_[j->client], seed);
+        // The job's step count (0: train.epochs) goes to this call; the slot's trainer stays.
+        j->result = slot->trainer->train(train_, partition_[j->client], seed, 0, j->steps);
         const auto trained = slot->net->parameters();
         FloatBuffer& delta = *j->delta;
         for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = trained[i] - model[i];
@@ -220,16 +221,6 @@ Slot* Fleet::acquire_slot() {
   Slot* s = free_slots_.back();
   free_slots_.pop_back();
   return s;
-}
-
-client::LocalTrainer& Fleet::trainer_for(Slot& slot, std::size_t steps) {
-  if (slot.steps != steps) {
-    client::TrainerOptions o = options_;
-    o.steps = steps;
-    slot.trainer.emplace(*slot.net, o);
-    slot.steps = steps;
-  }
-  return *slot.trainer;
 }
 
 void Fleet::release_slot(Slot* s) {
