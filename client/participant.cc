@@ -325,6 +325,7 @@ class Participant {
       return;
     }
     const auto delta_bytes = std::as_bytes(delta_.span());
+    COHORT_LOG(Debug) << name() << ": pushing its update for round " << rs.round;
     const PushOutcome pushed = push_all(
         *links_, shards(), steady_clock(),
         {.round = rs.round,

@@ -25,25 +25,33 @@ std::string check_push_shape(const transport::Push& p, std::uint64_t payload_byt
   return {};
 }
 
-bool decode_chunk(const transport::Message& m, aggregation::PushDecoder* decoder,
+bool decode_chunk(const transport::Message& m, std::size_t skip, aggregation::PushDecoder* decoder,
                   std::vector<float>& scratch, const ValueSink& sink, std::string& why) {
-  const auto bytes = m.payload.span();
+  const auto bytes = m.payload.span().subspan(skip);
+  const std::uint64_t offset = m.offset + skip;
   try {
     if (decoder != nullptr) {
       const bool ok = decoder->feed(bytes, scratch, sink);
       if (ok && m.complete) decoder->finish();
       return ok;
     }
-    if (m.offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
+    if (offset % sizeof(float) != 0 || bytes.size() % sizeof(float) != 0) {
       why = "misaligned chunk";
       return false;
     }
-    return sink(static_cast<std::size_t>(m.offset / sizeof(float)),
+    return sink(static_cast<std::size_t>(offset / sizeof(float)),
                 {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)});
   } catch (const ProtocolError& e) {
     why = std::string("malformed compressed update: ") + e.what();
     return false;
   }
+}
+
+ChunkPlace place_chunk(std::uint64_t received, const transport::Message& m) {
+  const std::uint64_t end = m.offset + m.payload.size();
+  if (m.offset > received) return {ChunkPlace::kGap};
+  if (m.offset < received && end <= received) return {ChunkPlace::kTaken};
+  return {ChunkPlace::kNext, static_cast<std::size_t>(received - m.offset)};
 }
 
 bool chunk_fits(std::size_t offset, std::size_t n, std::size_t size, std::string& why) {

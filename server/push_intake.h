@@ -48,11 +48,26 @@ std::string check_push_shape(const transport::Push& p, std::uint64_t payload_byt
 // (the sink sets the reason).
 using ValueSink = aggregation::PushDecoder::Sink;
 
-// Decodes chunk `m` of a push into `sink`: through `decoder` for a compressed push (finishing it
-// on the last chunk), else as raw fp32 at m.offset. False refuses the push, with the reason in
-// `why` (or set by the sink): a misaligned raw chunk, a malformed compressed one.
-bool decode_chunk(const transport::Message& m, aggregation::PushDecoder* decoder,
+// Decodes chunk `m` of a push, less its first `skip` bytes (place_chunk()), into `sink`: through
+// `decoder` for a compressed push (finishing it on the last chunk), else as raw fp32 at m.offset
+// + skip. False refuses the push, with the reason in `why` (or set by the sink): a misaligned raw
+// chunk, a malformed compressed one.
+bool decode_chunk(const transport::Message& m, std::size_t skip, aggregation::PushDecoder* decoder,
                   std::vector<float>& scratch, const ValueSink& sink, std::string& why);
+
+// Where chunk `m` falls in a push whose payload bytes [0, received) a mode has taken. A transfer's
+// chunks arrive in order; a client resends a push it heard no answer for as a new transfer from
+// byte 0, and when the first transfer broke off (its link dropped, and the chunks still queued
+// with it were lost) the resend continues it: its bytes below `received` were taken from the
+// first and are skipped (kTaken: all of the chunk; kNext: its first `skip` bytes). Two live
+// transfers of one push (the first still queued on the old connection) feed it the same way,
+// whichever is ahead. kGap: a chunk that starts past `received`, which an in-order transfer of
+// the same bytes never sends.
+struct ChunkPlace {
+  enum Kind { kNext, kTaken, kGap } kind = kNext;
+  std::size_t skip = 0;  // kNext: bytes at the chunk's start that were taken
+};
+ChunkPlace place_chunk(std::uint64_t received, const transport::Message& m);
 
 // True when `n` values at `offset` lie inside a range of `size` elements; else sets `why`.
 bool chunk_fits(std::size_t offset, std::size_t n, std::size_t size, std::string& why);

@@ -124,28 +124,70 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("federated shard: a resend of a push still streaming counts once; the first answers") {
+TEST_CASE("federated shard: a resend of a push still streaming continues it and counts once") {
   Fixture f({"server.mode=federated", "server_optimizer.lr=1.0"});
   const auto before = f.params();
   std::vector<float> ua(kModelSize, 0.5f), ub(kModelSize, 2.0f);
   f.shard.open_round(1, {"a", "b"});
   auto first = testing::push_chunk("a", f.delta(), 1, 1, ua, 0, 3, false);
   REQUIRE(f.shard.handle(first));
-  auto again = testing::push_all("a", f.delta(), 1, 2, ua);  // the client's resend
-  REQUIRE(f.shard.handle(again));
-  CHECK(f.out.count<PushAck>() == 0);
-  auto tail = testing::push_chunk("a", f.delta(), 1, 1, ua, 3, 3, true);
-  REQUIRE(f.shard.handle(tail));
-  CHECK(f.out.count<PushAck>() == 1);
-  CHECK(f.last_ack("a").accepted);
+
+  SUBCASE("the first transfer broke off: the resend brings the rest and is answered") {
+    // Its chunks in the same size as the first's: the first one was taken, the second is next.
+    auto r0 = testing::push_chunk("a", f.delta(), 1, 2, ua, 0, 3, false);
+    REQUIRE(f.shard.handle(r0));
+    CHECK(f.out.count<PushAck>() == 0);
+    auto r1 = testing::push_chunk("a", f.delta(), 1, 2, ua, 3, 3, true);
+    REQUIRE(f.shard.handle(r1));
+    REQUIRE(f.out.count<PushAck>() == 1);
+    CHECK(f.last_ack("a").accepted);
+  }
+  SUBCASE("both transfers arrive whole: the one ahead finishes it, the other's end is answered too") {
+    auto again = testing::push_all("a", f.delta(), 1, 2, ua);  // one chunk: its first half is taken
+    REQUIRE(f.shard.handle(again));
+    REQUIRE(f.out.count<PushAck>() == 1);
+    CHECK(f.last_ack("a").accepted);
+    auto tail = testing::push_chunk("a", f.delta(), 1, 1, ua, 3, 3, true);
+    REQUIRE(f.shard.handle(tail));
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.last_ack("a").accepted);
+  }
+  SUBCASE("a resend that is not the same push is refused; the first goes on") {
+    auto other = testing::push_all("a", f.delta(11), 1, 2, ua);
+    REQUIRE(f.shard.handle(other));
+    REQUIRE(f.out.count<PushAck>() == 1);
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason ==
+          "a different update for round 1 while the first still streams in");
+    auto tail = testing::push_chunk("a", f.delta(), 1, 1, ua, 3, 3, true);
+    REQUIRE(f.shard.handle(tail));
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.last_ack("a").accepted);
+  }
   auto b = testing::push_all("b", f.delta(), 1, 3, ub);
   REQUIRE(f.shard.handle(b));
   REQUIRE(f.shard.prepare_round(1).ok);
   CHECK(f.shard.close_round(1, true) == 1);
-  // a and b once each, equal samples: the mean of 0.5 and 2 (a twice would give 1).
+  // a and b once each, equal samples: the mean of 0.5 and 2 (a's first half taken twice would
+  // move its first three coordinates elsewhere).
   const auto after = f.params();
   for (std::size_t i = 0; i < kModelSize; ++i)
     CHECK(after[i] == doctest::Approx(before[i] + 1.25f));
+}
+
+TEST_CASE("federated shard: a chunk past what an update has taken refuses it") {
+  Fixture f({"server.mode=federated"});
+  std::vector<float> u(kModelSize, 0.5f);
+  f.shard.open_round(1, {"a"});
+  auto head = testing::push_chunk("a", f.delta(), 1, 1, u, 0, 2, false);
+  REQUIRE(f.shard.handle(head));
+  auto resend = testing::push_chunk("a", f.delta(), 1, 2, u, 0, 1, false);
+  REQUIRE(f.shard.handle(resend));
+  auto skipped = testing::push_chunk("a", f.delta(), 1, 2, u, 4, 2, true);  // bytes 8-15 never came
+  REQUIRE(f.shard.handle(skipped));
+  REQUIRE(f.out.count<PushAck>() == 1);
+  CHECK_FALSE(f.last_ack("a").accepted);
+  CHECK(f.last_ack("a").reason == "chunk at byte 16 while 8 bytes are in");
 }
 
 TEST_CASE(
@@ -433,14 +475,33 @@ TEST_CASE("FedBuff shard: a resent update counts once") {
     for (std::size_t i = 0; i < kModelSize; ++i)
       CHECK(after[i] == doctest::Approx(before[i] + 1.0f));
   }
-  SUBCASE("still streaming: the first transfer's ack answers both") {
+  SUBCASE("still streaming: the resend continues it, and the update counts once") {
     auto b_head = testing::push_chunk("b", f.delta(), 8, 1, u, 0, 3, false);
     REQUIRE(f.shard.handle(b_head));
-    auto b_resend = testing::push_all("b", f.delta(), 8, 2, u);
+    auto b_resend = testing::push_all("b", f.delta(), 8, 2, u);  // its first half is taken
     REQUIRE(f.shard.handle(b_resend));
-    CHECK(f.out.count<PushAck>() == 1);  // nothing for the resend
-    auto b_tail = testing::push_chunk("b", f.delta(), 8, 1, u, 3, 3, true);
+    CHECK(f.out.count<PushAck>() == 2);
+    CHECK(f.last_ack("b").accepted);
+    CHECK(f.shard.buffered() == 2);
+    auto b_tail = testing::push_chunk("b", f.delta(), 8, 1, u, 3, 3, true);  // the first's end
     REQUIRE(f.shard.handle(b_tail));
+    CHECK(f.out.count<PushAck>() == 3);
+    CHECK(f.last_ack("b").accepted);
+    CHECK(f.shard.buffered() == 2);
+    REQUIRE(f.shard.prepare_round(1).ok);
+    CHECK(f.shard.close_round(1, true) == 1);
+    const auto after = f.params();  // the mean of two updates of 1: b's first half once
+    for (std::size_t i = 0; i < kModelSize; ++i)
+      CHECK(after[i] == doctest::Approx(before[i] + 1.0f));
+  }
+  SUBCASE("the first transfer broke off: the resend's chunks bring the rest") {
+    auto b_head = testing::push_chunk("b", f.delta(), 8, 1, u, 0, 3, false);
+    REQUIRE(f.shard.handle(b_head));
+    auto r0 = testing::push_chunk("b", f.delta(), 8, 2, u, 0, 3, false);
+    REQUIRE(f.shard.handle(r0));
+    CHECK(f.out.count<PushAck>() == 1);
+    auto r1 = testing::push_chunk("b", f.delta(), 8, 2, u, 3, 3, true);
+    REQUIRE(f.shard.handle(r1));
     CHECK(f.out.count<PushAck>() == 2);
     CHECK(f.last_ack("b").accepted);
     CHECK(f.shard.buffered() == 2);

@@ -110,6 +110,7 @@ struct Setup {
   std::string dir, mode, model, bin;
   int shards = 1, clients = 1;
   std::string sched = "batch";  // --sched of every process (cohort/core/scheduling.h)
+  std::string log_level = "warn";  // --log-level of the shards; the workers log at its level or above
   std::vector<std::string> tls(const std::string& name) const {
     if (mode == "plain") return {"--insecure"};
     return {"--tls.ca_file=" + dir + "/ca/ca.pem", "--tls.cert_file=" + dir + "/certs/" + name + ".pem",
@@ -125,7 +126,7 @@ std::pair<std::vector<pid_t>, std::string> start_servers(const Setup& s, const s
                                 "--server.clients_per_round=" + std::to_string(s.clients),
                                 "--server.min_clients=1000000", "--model.spec=" + s.model,
                                 "--server.metrics_file=", "--server_optimizer.lr=0.0001",
-                                "--log-level", "warn", "--sched", s.sched};
+                                "--log-level", s.log_level, "--sched", s.sched};
   // Data-parallel ASP unless `extra` picks another mode; the server refuses another mode's keys.
   if (std::find_if(extra.begin(), extra.end(), [](const std::string& a) {
         return a.starts_with("--server.mode=");
@@ -190,11 +191,13 @@ struct Worker {
   }
   const std::vector<ShardInfo>& shards() const { return links->shards(); }
 
-  // Sends to every shard once (no resends: a timed request), then waits up to `patience` for
-  // every answer.
+  // Sends to every shard, then waits up to `patience` for every answer. A timed request is sent
+  // once (`resend` false); else as cohort-client sends it, again while unanswered (first after
+  // 30 s: `patient`), so a link that drops and reconnects mid-push loses nothing.
   void round_trip(const client::MakeRequest& make, const client::AcceptAnswer& done,
-                  std::chrono::seconds patience = 60s) {
-    client::ExchangeOptions o{.deadline = steady_clock().now() + patience, .who = name, .resend = false};
+                  std::chrono::seconds patience = 60s, bool resend = false) {
+    client::ExchangeOptions o{
+        .deadline = steady_clock().now() + patience, .patient = resend, .who = name, .resend = resend};
     if (!client::exchange(*links, steady_clock(), make, done, o)) {
       throw TimeoutError("no answer from every shard within " + std::to_string(patience.count()) + " s");
     }
@@ -275,8 +278,11 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
           return false;
         },
         // Every worker pushes its 40 MB at once and the shard interleaves their chunks, so the
-        // first ack comes near the end of all of them (minutes under ASan on 2 cores).
-        300s);
+        // first ack comes near the end of all of them (minutes under ASan on 2 cores). Resent
+        // while unanswered: a shard that stalls for 5 heartbeats (a loaded CI machine) loses its
+        // clients' connections with the chunks queued in them, and the resend continues the
+        // update where it broke off (one that was never resent hung here until the patience ran out).
+        300s, /*resend=*/true);
     std::printf("%s\n", out.dump().c_str());
     return 0;
   }
@@ -307,6 +313,19 @@ int worker_main(const Setup& s, const std::string& url, int repeats, const std::
   return 0;
 }
 
+// The last `lines` lines of a text file (what a failed run leaves to read).
+std::string tail_of(const std::string& file, std::size_t lines) {
+  std::ifstream in(file);
+  std::vector<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(std::move(line));
+    if (last.size() > lines) last.erase(last.begin());
+  }
+  std::string out;
+  for (auto& l : last) out += l + "\n";
+  return out.empty() ? "(empty)\n" : out;
+}
+
 std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, int repeats, const std::string& op,
                                         const std::vector<std::string>& ops = {"push", "pull"}) {
   std::vector<pid_t> pids;
@@ -316,7 +335,8 @@ std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, 
   for (int c = 0; c < s.clients; ++c) {
     std::vector<std::string> args{"--role", "worker", "--dir", s.dir, "--mode", s.mode, "--url", url,
                                   "--index", std::to_string(c), "--repeats", std::to_string(repeats),
-                                  "--op", op, "--workers", std::to_string(s.clients), "--sched", s.sched, "--ops"};
+                                  "--op", op, "--workers", std::to_string(s.clients), "--sched", s.sched,
+                                  "--log-level", s.log_level, "--ops"};
     args.insert(args.end(), ops.begin(), ops.end());
     pids.push_back(spawn(self_path(), args,
                          s.dir + "/worker-" + std::to_string(c) + ".out", s.dir + "/worker-" + std::to_string(c) + ".err"));
@@ -331,7 +351,10 @@ std::vector<nlohmann::json> run_workers(const Setup& s, const std::string& url, 
       std::ifstream err(s.dir + "/worker-" + std::to_string(c) + ".err");
       std::stringstream ss;
       ss << err.rdbuf();
-      throw Error("worker " + std::to_string(c) + " failed: " + ss.str().substr(0, 2000));
+      for (int k = c + 1; k < s.clients; ++k) stop(pids[static_cast<std::size_t>(k)]);  // no orphans
+      throw Error("worker " + std::to_string(c) + " failed: " + ss.str().substr(0, 2000) +
+                  "\nshard 0's log (" + s.log_level + " and above), the end:\n" +
+                  tail_of(s.dir + "/shard-0.log", 40));
     }
     results.push_back(nlohmann::json::parse(line));
   }
@@ -386,7 +409,7 @@ int main(int argc, char** argv) {
   std::size_t min_mib = 256;
   bool quick = false;
   std::string rss_model = "mlp:1000-10000-10", role = "main", dir, mode = "plain", url, op = "bench";
-  std::string sched = "batch";
+  std::string sched = "batch", log_level = "warn";
   int index = 0, workers = 1;
   app.add_option("--sizes-mib", sizes, "parameter vector sizes in MiB")
       ->check(CLI::Range(std::size_t{1}, std::size_t{4096}));
@@ -409,6 +432,9 @@ int main(int argc, char** argv) {
   app.add_option("--rss-clients", rss_clients, "measure a shard's peak RSS while this many clients push once");
   app.add_option("--rss-model", rss_model, "model for --rss-clients");
   add_sched_flag(app, sched, "the shards and clients (their --sched)");
+  app.add_option("--log-level", log_level, "the shards' and workers' log level (a failed worker's error quotes its log and the end of shard 0's)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
   app.add_option("--role", role, "internal");
   app.add_option("--dir", dir, "internal");
   app.add_option("--mode", mode, "internal");
@@ -418,11 +444,13 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "internal");
   CLI11_PARSE(app, argc, argv);
   try {
-    set_log_level(LogLevel::Error);
+    // A worker logs at --log-level to its own stderr, which a failed run's error quotes; the main
+    // process prints JSON only.
+    set_log_level(role == "worker" ? parse_log_level(log_level) : LogLevel::Error);
     set_io_scheduling(parse_scheduling(sched));  // a worker stands in for cohort-client: the same
     const std::string bin = std::filesystem::path(self_path()).parent_path().string();
     if (role == "worker") {
-      Setup s{dir, mode, "", bin, 1, index, sched};
+      Setup s{dir, mode, "", bin, 1, index, sched, log_level};
       return worker_main(s, url, repeats, op, workers, ops);
     }
     const auto tmp = std::filesystem::temp_directory_path() / ("cohort-bench-ps-" + std::to_string(getpid()));
@@ -437,7 +465,7 @@ int main(int argc, char** argv) {
     if (rss_clients > 0) {
       make_pki(tmp.string(), 1, rss_clients);
       const std::size_t params = kernels::make_network_spec(rss_model).parameter_count();
-      Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients, sched};
+      Setup s{tmp.string(), modes.front(), rss_model, bin, 1, rss_clients, sched, log_level};
       const std::string n = std::to_string(rss_clients);
       // The round waits for every push: 50 clients' 40 MB through TLS can outlast the default
       // 60 s deadline on a loaded 2-core machine, and a round closed early refuses the rest.
@@ -446,7 +474,13 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(300ms);
       const auto base_kib = peak_rss_kib(pids[0]);
       const auto t0 = Steady::now();
-      auto results = run_workers(s, coord, 1, "rss");
+      std::vector<nlohmann::json> results;
+      try {
+        results = run_workers(s, coord, 1, "rss");
+      } catch (...) {
+        for (auto p : pids) stop(p);  // a failed run leaves no server behind
+        throw;
+      }
       const double secs = std::chrono::duration<double>(Steady::now() - t0).count();
       const auto peak_kib = peak_rss_kib(pids[0]);
       int accepted = 0;
@@ -477,7 +511,7 @@ int main(int argc, char** argv) {
       for (auto [shards, clients] : layouts) {
         if (quick && (shards != 1 || clients != 1)) continue;
         for (std::size_t mib : sizes) {
-          Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched};
+          Setup s{tmp.string(), m, model_of_bytes(mib << 20), bin, shards, clients, sched, log_level};
           // A 1 MiB push is short: a handful of them time the scheduler more than the transport.
           const int n_ops = std::max(repeats, static_cast<int>((min_mib + mib - 1) / mib));
           auto [pids, coord] = start_servers(s, {});

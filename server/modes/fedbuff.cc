@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <set>
 #include <unordered_map>
 
@@ -85,15 +87,23 @@ class FedBuffMode final : public ShardMode {
   [[nodiscard]] std::size_t prepared_count() const override { return prepared_count_; }
 
  private:
+  // One client's update of one task, fed by its transfer and by any resend that continues it
+  // (place_chunk()): every transfer key of the push shares it.
   struct BufferedTask {
     double weight = 1.0;                                // s(tau)
     std::unique_ptr<aggregation::PushDecoder> decoder;  // compressed pushes only
     std::string client;
-    std::uint64_t task = 0;  // the coordinator's task id (the push's round)
+    std::uint64_t task = 0;      // the coordinator's task id (the push's round)
+    transport::Push push;        // the first chunk's header: a resend must match it
+    std::uint64_t bytes = 0;     // the payload's length
+    std::uint64_t received = 0;  // payload bytes folded in, [0, received)
+    bool done = false;           // buffered, or refused part-way
   };
+  using Tasks = std::unordered_map<std::string, std::shared_ptr<BufferedTask>>;
 
-  // The transfer ends (complete or refused): it no longer streams.
-  void end_transfer(std::unordered_map<std::string, BufferedTask>::iterator it, bool buffered);
+  // The update ends (complete or refused): it no longer streams. The transfer `it` is forgotten;
+  // another transfer of the same update, if any, finds it done.
+  void end_transfer(Tasks::iterator it, bool buffered);
 
   // Checks the first chunk of a push and starts its task; false when refused (acked).
   bool start(const Message& m, const transport::Push& p, const std::string& key);
@@ -101,10 +111,11 @@ class FedBuffMode final : public ShardMode {
   ShardCore& core_;
   std::int64_t max_staleness_ = -1;
   std::size_t buffer_k_ = 10, buffered_ = 0;
-  std::unordered_map<std::string, BufferedTask> buffered_tasks_;
+  Tasks buffered_tasks_;  // by sender#seq
   std::set<std::string> rejected_transfers_;
-  std::unordered_map<std::string, std::uint64_t> last_task_;   // client -> last task buffered
-  std::set<std::pair<std::string, std::uint64_t>> streaming_;  // (client, task) streaming in
+  std::unordered_map<std::string, std::uint64_t> last_task_;  // client -> last task buffered
+  // (client, task) streaming in, and its update.
+  std::map<std::pair<std::string, std::uint64_t>, std::shared_ptr<BufferedTask>> streaming_;
   std::vector<double> buffer_sum_;
   std::vector<double> prepared_sum_;  // the step being prepared
   std::size_t prepared_count_ = 0;
@@ -114,11 +125,12 @@ class FedBuffMode final : public ShardMode {
 bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::string& key) {
   static constexpr PushRules kRules{.kind = transport::PushKind::kDelta,
                                     .wrong_kind = "this server runs FedBuff; send deltas"};
-  // A client resends a push its ack has not answered within the resend wait (a loaded shard),
-  // as a new transfer of the same task. It must count once: buffered already, it is
-  // acknowledged again and its bytes ignored; still streaming, the first transfer's ack
-  // answers both. A client's tasks come one after another, so its last buffered task is all
-  // that needs keeping.
+  // A client resends a push its ack has not answered within the resend wait (a loaded shard,
+  // or a link that dropped mid-way), as a new transfer of the same task. It must count once:
+  // buffered already, it is acknowledged again and its bytes ignored; still streaming, it
+  // continues the update, taking the bytes the first transfer did not bring (the first broke
+  // off, or is still coming: whichever reaches the end answers). A client's tasks come one
+  // after another, so its last buffered task is all that needs keeping.
   const std::uint64_t task_id = m.envelope.round;
   const auto last = last_task_.find(m.sender);
   if (last != last_task_.end() && task_id == last->second) {
@@ -129,11 +141,19 @@ bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::s
                      << ", already buffered: acknowledged again";
     return false;
   }
-  if (streaming_.contains({m.sender, task_id})) {
+  if (const auto live = streaming_.find({m.sender, task_id}); live != streaming_.end()) {
+    if (live->second->push == p && live->second->bytes == m.envelope.payload_bytes) {
+      COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                       << " resent its update for task " << task_id << " while "
+                       << live->second->received << " of " << live->second->bytes
+                       << " bytes are in: the resend continues it";
+      buffered_tasks_[key] = live->second;
+      return true;
+    }
     rejected_transfers_.insert(key);
-    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
-                     << " resent its update for task " << task_id
-                     << " while it streams in: the first transfer answers";
+    core_.reply_ack(m, false,
+                    "a different update for task " + std::to_string(task_id) +
+                        " while the first still streams in");
     return false;
   }
   const std::uint64_t version = core_.version;
@@ -155,20 +175,23 @@ bool FedBuffMode::start(const Message& m, const transport::Push& p, const std::s
     return false;
   }
   if (buffer_sum_.size() != core_.size()) buffer_sum_.assign(core_.size(), 0.0);
-  BufferedTask task;
+  auto taken = std::make_shared<BufferedTask>();
+  BufferedTask& task = *taken;
   task.weight = 1.0 / std::sqrt(1.0 + static_cast<double>(tau));
   if (p.encoding != transport::Encoding::kDenseF32)
     task.decoder = core_.take_decoder(*wire_format(p.encoding));
   task.client = m.sender;
   task.task = task_id;
-  streaming_.insert({m.sender, task_id});
-  buffered_tasks_[key] = std::move(task);
+  task.push = p;
+  task.bytes = m.envelope.payload_bytes;
+  streaming_[{m.sender, task_id}] = taken;
+  buffered_tasks_[key] = std::move(taken);
   return true;
 }
 
-void FedBuffMode::end_transfer(std::unordered_map<std::string, BufferedTask>::iterator it,
-                               bool buffered) {
-  BufferedTask& t = it->second;
+void FedBuffMode::end_transfer(Tasks::iterator it, bool buffered) {
+  BufferedTask& t = *it->second;
+  t.done = true;
   core_.give_back(std::move(t.decoder));
   streaming_.erase({t.client, t.task});
   if (buffered) last_task_[t.client] = t.task;
@@ -184,10 +207,33 @@ void FedBuffMode::on_push(Message& m, const transport::Push& p) {
   }
   auto it = buffered_tasks_.find(key);
   if (it == buffered_tasks_.end()) return;
-  // An update folded in part and then refused stays folded in part, as for any streaming rule.
-  const double w = it->second.weight;
-  const std::size_t size = core_.size();
+  BufferedTask& task = *it->second;
+  if (task.done) {
+    // A second transfer of an update another one ended: its end hears the update's outcome
+    // (buffered once; a refusal was heard by the transfer it ended).
+    if (m.complete) {
+      const auto last = last_task_.find(m.sender);
+      const bool buffered = last != last_task_.end() && last->second == task.task;
+      core_.reply_ack(m, buffered, buffered ? "" : "the update was refused part-way");
+      buffered_tasks_.erase(it);
+    }
+    return;
+  }
   std::string why;
+  const ChunkPlace place = place_chunk(task.received, m);
+  switch (place.kind) {
+    case ChunkPlace::kNext: break;
+    case ChunkPlace::kTaken: return;  // the other transfer of this update brought it
+    case ChunkPlace::kGap:
+      why = "chunk at byte " + std::to_string(m.offset) + " while " +
+            std::to_string(task.received) + " bytes are in";
+      end_transfer(it, false);
+      core_.reply_ack(m, false, why);
+      return;
+  }
+  // An update folded in part and then refused stays folded in part, as for any streaming rule.
+  const double w = task.weight;
+  const std::size_t size = core_.size();
   auto fold = [&](std::size_t first, std::span<const float> v) {
     if (!chunk_fits(first, v.size(), size, why)) return false;
     for (float x : v) {
@@ -200,11 +246,12 @@ void FedBuffMode::on_push(Message& m, const transport::Push& p) {
       buffer_sum_[first + i] += w * static_cast<double>(v[i]);
     return true;
   };
-  if (!decode_chunk(m, it->second.decoder.get(), core_.decode_scratch, fold, why)) {
+  if (!decode_chunk(m, place.skip, task.decoder.get(), core_.decode_scratch, fold, why)) {
     end_transfer(it, false);
     core_.reply_ack(m, false, why);
     return;
   }
+  task.received = m.offset + m.payload.size();
   if (!m.complete) return;
   end_transfer(it, true);
   ++buffered_;

@@ -4,6 +4,7 @@
 // step).
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -107,8 +108,14 @@ class FederatedMode final : public ShardMode {
   }
 
  private:
+  // One client's update of the open round, fed by its transfer and by any resend that continues
+  // it (place_chunk()): every transfer key of the push shares it.
   struct Transfer {
     bool rejected = false;
+    bool done = false;           // complete and applied
+    transport::Push push;        // the first chunk's header: a resend must match it
+    std::uint64_t bytes = 0;     // the payload's length
+    std::uint64_t received = 0;  // payload bytes taken, [0, received)
     ClientId client = 0;
     double weight = 1.0;
     double samples = 0, work = 0;                       // n_i and FedNova's a_i (Push.local_work)
@@ -118,17 +125,19 @@ class FederatedMode final : public ShardMode {
 
   // Why the first chunk of a push for a round cannot be taken, or empty.
   std::string refusal(const Message& m, const transport::Push& p) const;
-  // Starts a transfer from the first chunk of a push: refused (with its ack) or taken.
-  Transfer start_transfer(const Message& m, const transport::Push& p);
-  // Feeds one chunk of a taken transfer to the rule (or its reassembly buffer); false refuses.
-  bool feed(Transfer& t, const Message& m, std::string& why);
+  // Starts a transfer from the first chunk of a push: refused (with its ack), taken, or the
+  // update of the same client still streaming in, which this transfer continues.
+  std::shared_ptr<Transfer> start_transfer(const Message& m, const transport::Push& p);
+  // Feeds one chunk of a taken transfer, less its first `skip` bytes (place_chunk()), to the rule
+  // (or its reassembly buffer); false refuses.
+  bool feed(Transfer& t, const Message& m, std::size_t skip, std::string& why);
   // What close() multiplies the rule's aggregate by: 1, or FedNova's rescale (see nova_).
   [[nodiscard]] double fednova_scale() const;
 
   // Forgets the open round: its transfers, senders and the rule's state.
   void drop_open_round() {
     open_round_ = 0;
-    for (auto& [key, t] : transfers_) release(t);
+    for (auto& [key, t] : transfers_) release(*t);
     transfers_.clear();
     pushed_.clear();
     applied_.clear();
@@ -157,7 +166,7 @@ class FederatedMode final : public ShardMode {
   std::uint64_t open_round_ = 0;       // the round whose pushes the rule is taking, or 0
   std::uint64_t selection_round_ = 0;  // the newest round the coordinator opened (RoundOpen)
   std::set<NodeId> selection_;         // who was selected for it
-  std::unordered_map<std::string, Transfer> transfers_;
+  std::unordered_map<std::string, std::shared_ptr<Transfer>> transfers_;  // by sender#seq
   std::vector<FloatBuffer> spare_updates_;
   double dp_clip_ = 0, dp_noise_ = 0;
   std::uint64_t dp_seed_ = 0;
@@ -168,8 +177,9 @@ class FederatedMode final : public ShardMode {
     std::size_t count = 0;
   } nova_;
   std::set<NodeId> pushed_;
-  std::set<NodeId> applied_;    // senders whose update of the open round is complete and accepted
-  std::set<NodeId> streaming_;  // senders whose update of the open round is streaming in
+  std::set<NodeId> applied_;  // senders whose update of the open round is complete and accepted
+  // Senders whose update of the open round is streaming in, and its transfer.
+  std::unordered_map<NodeId, std::shared_ptr<Transfer>> streaming_;
   std::unordered_map<NodeId, ClientId> client_ids_;
 };
 
@@ -211,11 +221,13 @@ double FederatedMode::fednova_scale() const {
   return nova_.n_over_a * nova_.n_a / (nova_.n * nova_.n);
 }
 
-FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const transport::Push& p) {
-  Transfer t;
+std::shared_ptr<FederatedMode::Transfer> FederatedMode::start_transfer(const Message& m,
+                                                                       const transport::Push& p) {
+  auto taken = std::make_shared<Transfer>();
+  Transfer& t = *taken;
   t.client = client_id(m.sender);
   const std::uint64_t round = m.envelope.round;
-  const std::string why = refusal(m, p);
+  std::string why = refusal(m, p);
   if (!why.empty() && applied_.contains(m.sender) && round == open_round_) {
     // A resend of an update already folded in (its ack was lost, e.g. on a cut link):
     // acknowledge it again and ignore its bytes, so it counts once and is applied once.
@@ -224,31 +236,41 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
     COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
                      << " resent its update for round " << round
                      << ", already applied: acknowledged again";
-    return t;
+    return taken;
   }
-  if (!why.empty() && streaming_.contains(m.sender) && round == open_round_) {
-    // A resend while the first transfer still streams in (the client's resend wait ran out on
-    // a loaded shard): the first transfer's ack answers both; a refusal here would tell the
-    // client its update was lost while the shard applies it.
-    t.rejected = true;
-    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
-                     << " resent its update for round " << round
-                     << " while it streams in: the first transfer answers";
-    return t;
+  if (const auto live = streaming_.find(m.sender);
+      !why.empty() && live != streaming_.end() && round == open_round_) {
+    // A resend while the update still streams in: its first transfer broke off (the link
+    // dropped, and the chunks queued with it were lost: nothing else would ever finish it), or
+    // the client's resend wait ran out on a loaded shard (the first transfer is still coming).
+    // Either way the resend continues the same update, taking what the first did not, and
+    // whichever reaches the end answers. A refusal would leave an update that broke off
+    // neither applied nor refused, and its client waiting for the round's end.
+    if (live->second->push == p && live->second->bytes == m.envelope.payload_bytes) {
+      COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                       << " resent its update for round " << round << " while "
+                       << live->second->received << " of " << live->second->bytes
+                       << " bytes are in: the resend continues it";
+      return live->second;
+    }
+    why = "a different update for round " + std::to_string(round) +
+          " while the first still streams in";
   }
   if (!why.empty()) {
     t.rejected = true;
     core_.reply_ack(m, false, why);
     COHORT_LOG(Info) << "shard " << core_.index << ": refused push from " << m.sender << ": "
                      << why;
-    return t;
+    return taken;
   }
   if (open_round_ == 0) {
     open_round_ = round;
     core_.aggregator->begin_round(round, core_.size());
   }
   pushed_.insert(m.sender);
-  streaming_.insert(m.sender);
+  streaming_[m.sender] = taken;
+  t.push = p;
+  t.bytes = m.envelope.payload_bytes;
   t.samples = static_cast<double>(p.num_samples);
   t.work = fednova_ ? static_cast<double>(p.local_work) : 1.0;
   // DP-FedAvg weighs clients equally: the noise is calibrated to the unweighted mean. FedNova
@@ -261,10 +283,10 @@ FederatedMode::Transfer FederatedMode::start_transfer(const Message& m, const tr
     t.whole = std::move(spare_updates_.back());
     spare_updates_.pop_back();
   }
-  return t;
+  return taken;
 }
 
-bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
+bool FederatedMode::feed(Transfer& t, const Message& m, std::size_t skip, std::string& why) {
   const std::size_t size = core_.size();
   // Decoded values go to the rule at their offset, or into the reassembly buffer.
   auto take = [&](std::size_t offset, std::span<const float> values) {
@@ -283,7 +305,7 @@ bool FederatedMode::feed(Transfer& t, const Message& m, std::string& why) {
     }
     return true;
   };
-  if (!decode_chunk(m, t.decoder.get(), core_.decode_scratch, take, why)) return false;
+  if (!decode_chunk(m, skip, t.decoder.get(), core_.decode_scratch, take, why)) return false;
   if (m.complete && !t.whole.empty()) {
     // FedNova under DP normalises first, then clips: the clip bounds what enters the mean,
     // Delta_i / a_i, so the sensitivity stays S / m whatever a_i is. Clipping Delta_i before the
@@ -323,10 +345,25 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
     }
     return;
   }
-  Transfer& t = it->second;
+  Transfer& t = *it->second;
   if (t.rejected) return;
+  if (t.done) {
+    // The end of a second transfer of an update another one finished (the resend after a
+    // slow first): applied once, acknowledged again.
+    if (m.complete) core_.reply_ack(m, true, "");
+    return;
+  }
   std::string why;
-  if (!feed(t, m, why)) {
+  const ChunkPlace place = place_chunk(t.received, m);
+  switch (place.kind) {
+    case ChunkPlace::kNext: break;
+    case ChunkPlace::kTaken: return;  // the other transfer of this update brought it
+    case ChunkPlace::kGap:
+      why = "chunk at byte " + std::to_string(m.offset) + " while " + std::to_string(t.received) +
+            " bytes are in";
+      break;
+  }
+  if (!why.empty() || !feed(t, m, place.skip, why)) {
     t.rejected = true;
     core_.aggregator->end_update(t.client, false);
     release(t);
@@ -336,9 +373,11 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
                      << why;
     return;
   }
+  t.received = m.offset + m.payload.size();
   if (m.complete) {
     core_.aggregator->end_update(t.client, true);
     release(t);
+    t.done = true;
     streaming_.erase(m.sender);
     applied_.insert(m.sender);
     nova_.n += t.samples;
