@@ -60,6 +60,7 @@ ResendSchedule::ResendSchedule(std::size_t shards, Duration first, Duration max)
       sent_(shards, false),
       next_(shards),
       wait_(shards, first),
+      first_(first),
       max_(max) {}
 
 std::vector<std::size_t> ResendSchedule::due(TimePoint now) const {
@@ -88,8 +89,17 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
                          : options.patient ? Duration(30s)
                                            : Duration(3s);
   ResendSchedule schedule(n, first, std::max(first, Duration(20s)));
+  std::vector<bool> sent_once(n, false);
   auto send_due = [&] {
     for (const std::size_t i : schedule.due(clock.now())) {
+      if (sent_once[i] && links.unsent_bytes(i) > 0) {
+        // The last copy is still queued here (a slow link): not answered because not yet
+        // delivered. A resend would queue a whole copy behind it, and what this client sends
+        // next (its report) behind both.
+        schedule.postpone(i, clock.now());
+        continue;
+      }
+      sent_once[i] = true;
       try {
         auto [envelope, payload] = make(i);
         links.send(i, std::move(envelope), std::move(payload));
@@ -332,6 +342,10 @@ std::uint64_t ShardClient::bytes_received() const {
     if (e) b += e->stats().bytes_received;
   }
   return b;
+}
+
+std::uint64_t ShardClient::unsent_bytes(std::size_t shard) const {
+  return endpoints_[shard] ? endpoints_[shard]->unsent_bytes() : coordinator_.unsent_bytes();
 }
 
 void ShardClient::send(std::size_t shard, Envelope envelope, transport::Payload payload) {

@@ -74,6 +74,11 @@ class FakeLinks final : public cohort::client::ShardLinks {
     return -1;
   }
   void deliver(std::size_t shard, tp::Message m) { inbox_[shard].push_back(std::move(m)); }
+  // A slow link: what was sent stays queued here until `unsent_until`.
+  [[nodiscard]] std::uint64_t unsent_bytes(std::size_t /*shard*/) const override {
+    return clock_.now() < unsent_until ? 1 : 0;
+  }
+  TimePoint unsent_until{};
 
   std::map<std::size_t, std::vector<TimePoint>> sends;
   std::map<std::size_t, std::size_t> payload_bytes;
@@ -198,6 +203,31 @@ TEST_CASE("exchange resends to a silent shard after 3 s, doubling, and gives up 
   CHECK(silent.sends[0].size() == 4);
   CHECK(clock2.now() - start > Duration(25s));
   CHECK(clock2.now() - start < Duration(26s));
+}
+
+TEST_CASE("a resend waits until the last copy has left a slow link, then the usual wait") {
+  ManualClock clock;
+  const auto shards = two_shards();
+  FakeLinks links(1, clock, [](std::size_t, const tp::Envelope&) { return std::vector<tp::Message>{}; });
+  const auto start = clock.now();
+  links.unsent_until = start + 10s;  // the first copy takes 10 s to leave
+  std::vector<float> delta(3, 1.0f);
+  const bool ok = cohort::client::exchange(
+      links, clock,
+      [&](std::size_t i) {
+        return std::pair{cohort::client::push_request(shards[i], PushFields{.round = 1, .num_samples = 1}),
+                         tp::Payload{std::as_bytes(std::span<const float>(delta)), nullptr}};
+      },
+      [](std::size_t, tp::Message&) { return true; }, ExchangeOptions{.deadline = start + 20s});
+  CHECK_FALSE(ok);
+  // Sent at 0; due at 3, 6 and 9 s while still queued, so not resent; 3 s after the queue
+  // drained (at 12 s, the next check) and then 6 s later. Without the check: 0, 3 and 9 s.
+  const auto& s = links.sends[0];
+  REQUIRE(s.size() == 3);
+  CHECK(s[1] - start >= Duration(12s));
+  CHECK(s[1] - start < Duration(12s + 100ms));
+  CHECK(s[2] - s[1] >= Duration(6s));
+  CHECK(s[2] - s[1] < Duration(6s + 100ms));
 }
 
 TEST_CASE("a patient exchange (a data-parallel pull the shard holds on purpose) resends only after 30 s") {

@@ -378,6 +378,9 @@ std::optional<NodeId> Endpoint::peer_id(const PeerHandle& peer) const {
 }
 
 EndpointStats Endpoint::stats() const { return impl_->stats; }
+std::uint64_t Endpoint::unsent_bytes() const {
+  return impl_->unsent->load(std::memory_order_relaxed);
+}
 const std::shared_ptr<BufferPool>& Endpoint::buffers() const { return impl_->buffers; }
 
 void Endpoint::send_raw_for_testing(const PeerHandle& peer, const Frames& frames) {

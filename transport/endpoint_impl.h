@@ -13,6 +13,7 @@
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -167,6 +168,10 @@ struct Endpoint::Impl {
   std::unique_ptr<security::TlsContext> tls;
   security::AeadBackend aead = security::AeadBackend::kAuto;  // options.security.aead, checked
   std::shared_ptr<BufferPool> buffers;
+  // Bulk bytes handed to ZeroMQ and not yet let go of (Endpoint::unsent_bytes()); shared with
+  // the frames' free callbacks, which may run after the endpoint is gone.
+  std::shared_ptr<std::atomic<std::uint64_t>> unsent =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
   std::unordered_map<PeerHandle, Session> sessions;  // ROUTER: by routing id; DEALER: key ""
   std::deque<Message> inbox;
   std::uint64_t seq = 0;

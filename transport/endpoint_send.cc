@@ -222,7 +222,8 @@ zmq::message_t Endpoint::Impl::pooled_message(PooledBuffer buf,
                                               const std::shared_ptr<SendProgress>& progress) {
   const std::size_t size = buf.size();
   void* data = buf.data();
-  auto* hint = new BulkHint{buf.detach(), nullptr, progress};  // freed by ZeroMQ's callback
+  auto* hint = new BulkHint{buf.detach(), nullptr, progress, unsent, size};  // freed by ZeroMQ
+  unsent->fetch_add(size, std::memory_order_relaxed);
   return zmq::message_t(data, size, free_bulk, hint);
 }
 
@@ -230,7 +231,8 @@ zmq::message_t Endpoint::Impl::bulk_message(std::span<const std::byte> bytes,
                                             const std::shared_ptr<const void>& owner,
                                             const std::shared_ptr<SendProgress>& progress) {
   if (owner) {  // zero copy straight from the caller's memory
-    auto* hint = new BulkHint{nullptr, owner, progress};  // freed by ZeroMQ's callback
+    auto* hint = new BulkHint{nullptr, owner, progress, unsent, bytes.size()};  // freed by ZeroMQ
+    unsent->fetch_add(bytes.size(), std::memory_order_relaxed);
     return zmq::message_t(const_cast<std::byte*>(bytes.data()), bytes.size(), free_bulk, hint);
   }
   auto buf = buffers->acquire(bytes.size());

@@ -340,6 +340,41 @@ TEST_CASE("a ROUTER shares its receive budget out among its peers") {
   }
 }
 
+TEST_CASE("unsent_bytes counts what a send left queued while the peer does not read, then 0") {
+  auto& p = pki();
+  Context ctx;
+  auto so = options("shard-0", p.shard0);
+  so.receive_queue = 1;  // the reader holds one record
+  auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", so);
+  auto co = options("client-0", p.client0);
+  co.send_timeout = 20s;
+  auto client = Endpoint::connect(ctx, server.url(), co);
+  for (int i = 0; i < 400 && !client.is_ready(); ++i) {
+    (void)server.receive(5ms);
+    try {
+      client.wait_ready(5ms);
+    } catch (const TimeoutError&) {
+    }
+  }
+  REQUIRE(client.is_ready());
+  CHECK(client.unsent_bytes() == 0);
+  // 64 MiB: more than the socket buffers of loopback hold while the server reads nothing.
+  const auto data = random_bytes(std::size_t{64} << 20, 7);
+  Envelope e;
+  e.body = Pull{0, 0, 10, 0};
+  client.send({}, std::move(e), Payload{data, nullptr});
+  const auto queued = client.unsent_bytes();
+  MESSAGE("queued after send(): " << queued << " bytes");
+  CHECK(queued > 0);
+  CHECK(queued <= data.size());
+  std::optional<Message> m;
+  for (int i = 0; i < 1000 && !m; ++i) m = server.receive(20ms);
+  REQUIRE(m);
+  CHECK(m->payload.size() == data.size());
+  for (int i = 0; i < 100 && client.unsent_bytes() > 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(client.unsent_bytes() == 0);
+}
+
 TEST_CASE("refused: a certificate from another CA, in both directions") {
   auto& p = pki();
   ServerThread server(options("shard-0", p.shard0));

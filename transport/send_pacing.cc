@@ -7,6 +7,7 @@ namespace cohort::transport::detail {
 void free_bulk(void* /*data*/, void* hint) noexcept {
   auto* h = static_cast<BulkHint*>(hint);
   if (h->pooled != nullptr) PooledBuffer::release_detached(h->pooled);
+  if (h->unsent) h->unsent->fetch_sub(h->bytes, std::memory_order_relaxed);
   auto progress = std::move(h->progress);
   delete h;
   if (progress) progress->release();

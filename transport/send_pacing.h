@@ -3,6 +3,7 @@
 // message is sealed into a few buffers that recycle warm in cache instead of queuing in ZeroMQ.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -47,6 +48,9 @@ struct BulkHint {
   void* pooled = nullptr;                  // a detached PooledBuffer
   std::shared_ptr<const void> owner;       // or the caller's payload
   std::shared_ptr<SendProgress> progress;  // may be null
+  // The endpoint's count of bulk bytes inside ZeroMQ, which this frame's `bytes` leave.
+  std::shared_ptr<std::atomic<std::uint64_t>> unsent;
+  std::uint64_t bytes = 0;
 };
 
 // ZeroMQ's free callback of a bulk frame; `hint` is a BulkHint it deletes.

@@ -309,10 +309,9 @@ TEST_CASE("a client's link cut mid-push for 8 s: its resend continues the update
   lab.cut("client-0");
   std::this_thread::sleep_for(8s);
   lab.restore("client-0");
-  // Back at full speed after the cut. A link that stays at 8 Mbit/s fills with the client's
-  // resends (every 3 s, then doubling, each a whole copy queued behind the last) and its report
-  // and the coordinator's goodbye wait behind them (the client missed the goodbye there and
-  // exited 1 at client.connect_timeout_ms): a known limit, docs/DESIGN.md "Resends".
+  // Back at full speed after the cut. On a link that stays at 8 Mbit/s the client missed the
+  // coordinator's goodbye at the end and exited 1 at client.connect_timeout_ms, cause not found
+  // yet: a known limit, docs/DESIGN.md 4.4 "Resends".
   lab.cap("client-0", 1000);
   const int code = f.wait(240s);
   REQUIRE(code == 0);

@@ -1,9 +1,10 @@
-// Data-parallel BSP with one worker really slower: a CPU quota on its process (a cgroup, root
-// only), equal batches against speed-proportional ones (docs/ALGORITHMS.md 3.4). The steps per
-// second of both runs are printed, never asserted (timings depend on the machine); what is
-// asserted holds on any machine: every step's batches sum to the global batch, the equal run
-// keeps train.batch_size each, the speed run rebalanced. Its own binary: it skips where no
-// cgroup can be made.
+// Clients and workers really slower: a CPU quota on one process (a cgroup, root only).
+// Data-parallel BSP: equal batches against speed-proportional ones (docs/ALGORITHMS.md 3.4). The
+// steps per second of both runs are printed, never asserted (timings depend on the machine); what
+// is asserted holds on any machine: every step's batches sum to the global batch, the equal run
+// keeps train.batch_size each, the speed run rebalanced. Federated with server.work = deadline:
+// once measured, the throttled client is given fewer local steps than the others, and it runs
+// what it is given. Its own binary: it skips where no cgroup can be made.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -159,4 +160,59 @@ TEST_CASE("BSP with one worker held to a quarter CPU: speed batches against equa
                             << speed.steps_per_s / equal.steps_per_s
                             << "); speed batches at the last step:" << batches.str()
                             << "; rebalances (batch, measured samples/s):" << speed.rebalances);
+}
+
+TEST_CASE("federated, server.work = deadline, one client held to a tenth of a CPU: it is given fewer steps") {
+  std::string why;
+  auto slow = CpuLimit::make(0.1, why);
+  if (!slow) {
+    cohort::test::skip_test_case(why);
+    return;
+  }
+  constexpr int kClients = 3, kRounds = 5;
+  // A model and a deadline that no client fills with train.epochs = 1 (313 steps of 64 over its
+  // 20000 samples, the most it may be given): what each is given follows its measured speed.
+  Federation f(1, kClients,
+               {"--server.mode=federated", "--server.work=deadline", "--server.rounds=" + std::to_string(kRounds),
+                "--server.clients_per_round=" + std::to_string(kClients),
+                "--server.min_clients=" + std::to_string(kClients), "--server.round_deadline_ms=1000",
+                "--model.spec=cnn:lenet5",
+                "--server.min_local_steps=5", "--server.eval_every=0", "--train.epochs=1",
+                "--train.batch_size=64"});
+  for (int i = 0; i < kClients; ++i) f.client_extra[i] = {"--client.threads=1"};
+  f.start_servers();
+  for (int i = 0; i < kClients; ++i) {
+    f.start_client(i);
+    if (i == kClients - 1) REQUIRE(slow->add(f.clients.back().pid()));
+  }
+  REQUIRE(f.wait(300s) == 0);
+  REQUIRE(f.records("round").size() == kRounds);
+  const std::string slow_id = "client-" + std::to_string(kClients - 1);
+  std::map<std::string, std::vector<std::uint64_t>> assigned;  // per client, by round
+  std::map<std::string, double> speed;                         // the last measured samples/s
+  for (const auto& c : f.records("client")) {
+    const std::string id = c["client"];
+    assigned[id].push_back(c["assigned_steps"].get<std::uint64_t>());
+    if (c["trained"].get<bool>()) CHECK(c["local_steps"] == c["assigned_steps"]);
+    speed[id] = c["measured_samples_per_s"].get<double>();
+  }
+  std::ostringstream text;
+  for (const auto& [id, steps] : assigned) {
+    text << "\n  " << id << " (" << speed[id] << " samples/s):";
+    for (auto s : steps) text << ' ' << s;
+  }
+  MESSAGE("local steps given per round:" << text.str());
+  REQUIRE(assigned.size() == kClients);
+  // Round 1: nobody measured yet, everyone gets server.min_local_steps. From round 2 on the slow
+  // client is given fewer steps than each fast one.
+  for (const auto& [id, steps] : assigned) {
+    REQUIRE(steps.size() == kRounds);
+    CHECK(steps[0] == 5);
+  }
+  for (std::size_t r = 1; r < kRounds; ++r) {
+    CAPTURE(r);
+    for (const auto& [id, steps] : assigned) {
+      if (id != slow_id) CHECK(assigned[slow_id][r] < steps[r]);
+    }
+  }
 }

@@ -75,6 +75,9 @@ class ShardLinks {
   // Waits up to `wait` until one of `shards` has a message (or a chunk of one) ready; returns
   // that shard, or -1 on timeout. receive(shard, 0ms) then takes it (or nothing yet, for a chunk).
   virtual int wait_any(std::span<const std::size_t> shards, std::chrono::milliseconds wait) = 0;
+  // Payload bytes of earlier sends to `shard` still queued in this process, not yet on the wire
+  // (a slow link); 0 when not known.
+  [[nodiscard]] virtual std::uint64_t unsent_bytes(std::size_t /*shard*/) const { return 0; }
 };
 
 // When each shard's request goes out again: at once, then after `first` unanswered, then after
@@ -87,6 +90,10 @@ class ResendSchedule {
   // The request went out at `at` (after its send returned: a large push takes a while); the
   // shard's next wait doubles.
   void sent(std::size_t shard, TimePoint at);
+  // A resend is due while the last copy has not left yet (a link slower than the request's size
+  // per wait): another copy would only queue behind it. The shard's next try waits `first` from
+  // `now`, the wait it would have had after a send that left at once; its doubling waits too.
+  void postpone(std::size_t shard, TimePoint now) { next_[shard] = now + first_; }
   void mark_answered(std::size_t shard) { answered_[shard] = true; }
   [[nodiscard]] bool is_answered(std::size_t shard) const { return answered_[shard]; }
   [[nodiscard]] bool all_answered() const;
@@ -96,6 +103,7 @@ class ResendSchedule {
   std::vector<bool> sent_;
   std::vector<TimePoint> next_;
   std::vector<Duration> wait_;
+  Duration first_;
   Duration max_;
 };
 
@@ -200,6 +208,7 @@ class ShardClient final : public ShardLinks {
   std::optional<transport::Message> receive(std::size_t shard,
                                             std::chrono::milliseconds wait) override;
   int wait_any(std::span<const std::size_t> shards, std::chrono::milliseconds wait) override;
+  [[nodiscard]] std::uint64_t unsent_bytes(std::size_t shard) const override;
 
  private:
   transport::Context& ctx_;

@@ -177,6 +177,9 @@ class Endpoint {
 
   [[nodiscard]] EndpointStats stats() const;
   [[nodiscard]] const std::shared_ptr<BufferPool>& buffers() const;
+  // Payload bytes of earlier sends still inside ZeroMQ: handed to it, not yet written to the
+  // socket (nor dropped). A DEALER's sends to a slow link queue here; any thread may ask.
+  [[nodiscard]] std::uint64_t unsent_bytes() const;
 
   // Seams for tests and fuzzers. send_raw sends frames as one record, bypassing framing and
   // sealing. The outgoing hook sees every record (header, envelope, bulk frames, after sealing)
