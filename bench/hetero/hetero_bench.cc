@@ -8,6 +8,16 @@
 // rounds, sim_seconds, never_participated, local_steps_mean (mean over rounds of the mean local
 // steps of the updates taken), target.
 //
+// Data-parallel (setting dp_bsp_slow4x, with --dp or alone with --settings dp_bsp_slow4x): a real
+// cohort-server under BSP and three cohort-client workers on loopback (plaintext), each held by
+// a cgroup to a CPU share, one worker to a quarter of the others' (root only; elsewhere an
+// "unavailable" line), once with server.batch_policy = equal and once with speed. Its lines:
+//   {"bench":"hetero","setting":"dp_bsp_slow4x","policy":"equal|speed","steps":S,
+//    "steps_per_s":X,"samples_per_s":Y,"final_train_loss":L,"final_accuracy":A,
+//    "participation_min":S,"last_batches":{...},"speedup_vs_equal":Z (speed only)}
+// Both runs take the same S steps of the same global batch, so the loss per sample seen compares
+// directly (final_train_loss, final_accuracy).
+//
 // Each run is the cohort-sim binary (next to this one, or --bin) on an example configuration,
 // with --server.work=POLICY, its sim_round and sim_summary records read back from a temporary
 // sim.metrics_file. Settings (examples/sim):
@@ -25,6 +35,7 @@
 //   cohort-bench-hetero                                  all four settings, both policies
 //   cohort-bench-hetero --settings compute_mlp,compute_lenet5 --set server.normalization=fednova
 //   cohort-bench-hetero --quick                          smoke run (CTest bench_hetero_smoke)
+//   cohort-bench-hetero --settings dp_bsp_slow4x         the data-parallel pair alone (root)
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,6 +44,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +54,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "cpu_limit.h"
 
 namespace {
 
@@ -153,6 +167,151 @@ Line result_line(const std::vector<json>& records, double target) {
   return j;
 }
 
+// ---- data-parallel BSP with one worker slower: real processes --------------------------------
+
+constexpr const char* kDpSetting = "dp_bsp_slow4x";
+
+// Starts `args` (argv[0] the binary) with stdout and stderr to `log`; its pid, or -1.
+pid_t start_process(const std::vector<std::string>& args, const fs::path& log) {
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) _exit(127);
+  dup2(fd, STDOUT_FILENO);
+  dup2(fd, STDERR_FILENO);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  _exit(127);
+}
+
+// Waits up to `seconds` for `pid`; its exit status, or -1 when it was still running (then killed).
+int finish_process(pid_t pid, int seconds) {
+  for (int i = 0; i < seconds * 20; ++i) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string read_port(const fs::path& file) {
+  for (int i = 0; i < 400; ++i) {
+    std::ifstream in(file);
+    std::string port;
+    if (std::getline(in, port) && !port.empty()) return port;
+    usleep(50000);
+  }
+  return "";
+}
+
+struct DpOptions {
+  int steps = 60, batch = 256;
+  std::string model = "mlp:784-256-128-10";
+  double fast_cpus = 0.5, slow_cpus = 0.125;  // the slow worker's share: a quarter
+};
+
+// One BSP run under `policy`: its line, or an "error" line. The workers' CPU groups are made here
+// and removed when it returns.
+Line run_dataparallel(const std::string& bin_dir, const std::string& policy, const DpOptions& o,
+                      const fs::path& dir, bool& failed) {
+  Line line{{"bench", "hetero"}, {"setting", kDpSetting}, {"policy", policy}};
+  std::string why;
+  std::vector<std::unique_ptr<cohort::test::CpuLimit>> groups;
+  for (int i = 0; i < 3; ++i) {
+    groups.push_back(cohort::test::CpuLimit::make(i == 2 ? o.slow_cpus : o.fast_cpus, why,
+                                                  "-" + std::to_string(i)));
+    if (!groups.back()) {
+      line["error"] = "cannot hold the workers to CPU shares: " + why;
+      line["unavailable"] = true;
+      return line;
+    }
+  }
+  const fs::path metrics = dir / ("dp_" + policy + ".jsonl");
+  const fs::path port = dir / ("dp_" + policy + ".port");
+  fs::remove(metrics);
+  fs::remove(port);
+  std::vector<std::string> server{bin_dir + "/cohort-server",
+                                  "--insecure",
+                                  "--listen",
+                                  "tcp://127.0.0.1:*",
+                                  "--port-file",
+                                  port.string(),
+                                  "--server.metrics_file=" + metrics.string(),
+                                  "--server.mode=dataparallel",
+                                  "--server.consistency=bsp",
+                                  "--server.batch_policy=" + policy,
+                                  "--server.steps=" + std::to_string(o.steps),
+                                  "--server.clients_per_round=3",
+                                  "--server.min_clients=3",
+                                  "--train.batch_size=" + std::to_string(o.batch),
+                                  "--model.spec=" + o.model,
+                                  "--log-level",
+                                  "warn"};
+  if (policy == "speed") server.push_back("--server.rebalance_every=20");
+  const pid_t server_pid = start_process(server, dir / ("dp_" + policy + "_server.log"));
+  const std::string p = read_port(port);
+  std::vector<pid_t> workers;
+  if (!p.empty()) {
+    for (int i = 0; i < 3; ++i) {
+      const pid_t w = start_process(
+          {bin_dir + "/cohort-client", "--insecure", "--server", "tcp://127.0.0.1:" + p, "--name",
+           "worker-" + std::to_string(i), "--data", "iid", "--part", std::to_string(i) + "/3",
+           "--client.threads=1", "--log-level", "warn"},
+          dir / ("dp_" + policy + "_worker" + std::to_string(i) + ".log"));
+      workers.push_back(w);
+      if (w > 0) (void)groups[static_cast<std::size_t>(i)]->add(w);
+    }
+  }
+  const int server_rc = p.empty() ? finish_process(server_pid, 0) : finish_process(server_pid, 600);
+  int worker_failures = 0;
+  for (const pid_t w : workers) worker_failures += finish_process(w, 30) == 0 ? 0 : 1;
+  if (p.empty() || server_rc != 0 || worker_failures > 0) {
+    line["error"] = p.empty()        ? "cohort-server did not start"
+                    : server_rc != 0 ? "cohort-server exited with " + std::to_string(server_rc)
+                                     : std::to_string(worker_failures) + " worker(s) failed";
+    line["logs"] = dir.string();
+    failed = true;
+    return line;
+  }
+  const auto records = read_records(metrics);
+  double seconds = 0;
+  std::optional<double> loss, accuracy;
+  Line last_batches = Line::object();
+  for (const auto& r : records) {
+    const std::string event = r.value("event", "");
+    if (event == "round") {
+      seconds = r["round_seconds"].get<double>();
+      loss = r["train_loss"].get<double>();
+      if (r.contains("test_accuracy")) accuracy = r["test_accuracy"].get<double>();
+    } else if (event == "dp_pull" && r["clock"].get<int>() == o.steps - 1) {
+      last_batches[r["worker"].get<std::string>()] = r["batch"];
+    }
+  }
+  if (seconds <= 0) {
+    line["error"] = "no round record in " + metrics.string();
+    failed = true;
+    return line;
+  }
+  line["steps"] = o.steps;
+  line["steps_per_s"] = o.steps / seconds;
+  line["samples_per_s"] = static_cast<double>(o.steps) * 3 * o.batch / seconds;
+  line["final_train_loss"] = loss ? Line(*loss) : Line(nullptr);
+  line["final_accuracy"] = accuracy ? Line(*accuracy) : Line(nullptr);
+  line["participation_min"] = o.steps;  // under BSP every worker takes part in every step
+  line["last_batches"] = last_batches;
+  line["cpu_shares"] = {o.fast_cpus, o.fast_cpus, o.slow_cpus};
+  line["model"] = o.model;
+  line["global_batch"] = 3 * o.batch;
+  line["transport"] = "plain";
+  return line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,7 +329,7 @@ int main(int argc, char** argv) {
   std::string bin = (own_dir() / "cohort-sim").string();
   std::string keep;
   app.add_option("--settings", settings,
-                 "compute_mlp, compute_lenet5, link_mlp, link_lenet5 (default: all)")
+                 "compute_mlp, compute_lenet5, link_mlp, link_lenet5, dp_bsp_slow4x (default: all)")
       ->delimiter(',');
   app.add_option("--policies", policies, "work policies to run")
       ->delimiter(',')
@@ -182,14 +341,28 @@ int main(int argc, char** argv) {
   app.add_option("--examples", examples, "folder of the configurations")->capture_default_str();
   app.add_option("--bin", bin, "the cohort-sim binary")->capture_default_str();
   app.add_option("--keep", keep, "keep each run's metrics file and log in this folder");
-  app.add_flag("--quick", quick, "smoke run: compute_mlp, 5 rounds, 5 clients per round");
+  DpOptions dp_options;
+  app.add_option("--dp-steps", dp_options.steps, "dp_bsp_slow4x: BSP steps per run")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_flag("--quick", quick,
+               "smoke run: compute_mlp, 5 rounds, 5 clients per round; dp_bsp_slow4x, 10 steps");
   app.add_flag("--strict", strict, "a policy cohort-sim refuses fails the benchmark (exit 1)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<Setting> chosen;
-  if (quick && settings.empty()) settings = {"compute_mlp"};
-  if (settings.empty()) chosen = kSettings;
+  if (quick && settings.empty()) settings = {"compute_mlp", kDpSetting};
+  if (quick) dp_options.steps = std::min(dp_options.steps, 10);
+  bool dp = false;
+  if (settings.empty()) {
+    chosen = kSettings;
+    dp = true;
+  }
   for (const auto& name : settings) {
+    if (name == kDpSetting) {
+      dp = true;
+      continue;
+    }
     const auto it = std::find_if(kSettings.begin(), kSettings.end(),
                                  [&](const Setting& s) { return s.name == name; });
     if (it == kSettings.end()) {
@@ -228,11 +401,12 @@ int main(int argc, char** argv) {
   }
   // Whether this build's cohort-sim knows server.work at all: without it "fixed" is the file as
   // it is, and "deadline" is refused.
-  const fs::path first = fs::path(examples) / chosen.front().file;
   const bool work_key =
-      run_process({bin, "--config", first.string(), "--server.work=fixed", "--print-config"},
+      chosen.empty() ||
+      run_process({bin, "--config", (fs::path(examples) / chosen.front().file).string(),
+                   "--server.work=fixed", "--print-config"},
                   dir / "probe.log")
-          .rc == 0;
+              .rc == 0;
 
   int failures = 0;
   for (const auto& s : chosen) {
@@ -262,6 +436,27 @@ int main(int argc, char** argv) {
       }
       std::printf("%s\n", line.dump().c_str());
       std::fflush(stdout);
+    }
+  }
+  if (dp) {
+    // The programs next to cohort-sim: cohort-server and cohort-client.
+    const std::string bin_dir = fs::path(bin).parent_path().string();
+    std::optional<double> equal_rate;
+    bool dp_failed = false;
+    for (const std::string policy : {"equal", "speed"}) {
+      Line line = run_dataparallel(bin_dir, policy, dp_options, dir, dp_failed);
+      if (line.contains("steps_per_s")) {
+        const double rate = line["steps_per_s"].get<double>();
+        if (policy == "equal") equal_rate = rate;
+        if (policy == "speed" && equal_rate) line["speedup_vs_equal"] = rate / *equal_rate;
+      }
+      if (line.contains("unavailable") && strict) ++failures;
+      std::printf("%s\n", line.dump().c_str());
+      std::fflush(stdout);
+    }
+    if (dp_failed) {
+      ++failures;
+      keep = keep.empty() ? dir.string() : keep;  // the logs the error line names stay
     }
   }
   if (keep.empty()) fs::remove_all(dir);
