@@ -92,10 +92,10 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
   std::vector<bool> sent_once(n, false);
   auto send_due = [&] {
     for (const std::size_t i : schedule.due(clock.now())) {
-      if (sent_once[i] && links.unsent_bytes(i) > 0) {
-        // The last copy is still queued here (a slow link): not answered because not yet
-        // delivered. A resend would queue a whole copy behind it, and what this client sends
-        // next (its report) behind both.
+      if (sent_once[i] && (links.unsent_bytes(i) > 0 || links.receiving(i))) {
+        // The last copy is still queued here, or the answer is streaming in (a slow link): not
+        // answered because not yet delivered. A resend would queue a whole copy of the request,
+        // or have the shard send a whole copy of its reply, behind the first.
         schedule.postpone(i, clock.now());
         continue;
       }
@@ -346,6 +346,10 @@ std::uint64_t ShardClient::bytes_received() const {
 
 std::uint64_t ShardClient::unsent_bytes(std::size_t shard) const {
   return endpoints_[shard] ? endpoints_[shard]->unsent_bytes() : coordinator_.unsent_bytes();
+}
+
+bool ShardClient::receiving(std::size_t shard) const {
+  return endpoints_[shard] ? endpoints_[shard]->receiving() : coordinator_.receiving();
 }
 
 void ShardClient::send(std::size_t shard, Envelope envelope, transport::Payload payload) {

@@ -78,7 +78,10 @@ class FakeLinks final : public cohort::client::ShardLinks {
   [[nodiscard]] std::uint64_t unsent_bytes(std::size_t /*shard*/) const override {
     return clock_.now() < unsent_until ? 1 : 0;
   }
-  TimePoint unsent_until{};
+  [[nodiscard]] bool receiving(std::size_t /*shard*/) const override {
+    return clock_.now() < receiving_until;
+  }
+  TimePoint unsent_until{}, receiving_until{};
 
   std::map<std::size_t, std::vector<TimePoint>> sends;
   std::map<std::size_t, std::size_t> payload_bytes;
@@ -228,6 +231,18 @@ TEST_CASE("a resend waits until the last copy has left a slow link, then the usu
   CHECK(s[1] - start < Duration(12s + 100ms));
   CHECK(s[2] - s[1] >= Duration(6s));
   CHECK(s[2] - s[1] < Duration(6s + 100ms));
+
+  // The same while a reply streams in: a pull is not asked again until it stops.
+  ManualClock clock2;
+  FakeLinks pulling(1, clock2, [](std::size_t, const tp::Envelope&) { return std::vector<tp::Message>{}; });
+  const auto start2 = clock2.now();
+  pulling.receiving_until = start2 + 10s;
+  CHECK_FALSE(cohort::client::exchange(
+      pulling, clock2,
+      [&](std::size_t i) { return std::pair{cohort::client::pull_request(shards[i], 1, 0), tp::Payload{}}; },
+      [](std::size_t, tp::Message&) { return true; }, ExchangeOptions{.deadline = start2 + 20s}));
+  REQUIRE(pulling.sends[0].size() == 3);
+  CHECK(pulling.sends[0][1] - start2 >= Duration(12s));
 }
 
 TEST_CASE("a patient exchange (a data-parallel pull the shard holds on purpose) resends only after 30 s") {

@@ -381,6 +381,15 @@ EndpointStats Endpoint::stats() const { return impl_->stats; }
 std::uint64_t Endpoint::unsent_bytes() const {
   return impl_->unsent->load(std::memory_order_relaxed);
 }
+bool Endpoint::receiving() const {
+  const auto recent = Clock::now() - std::chrono::seconds(1);
+  for (const auto& [peer, s] : impl_->sessions) {
+    for (const auto& [seq, t] : s.transfers) {
+      if (t.last_active > recent) return true;
+    }
+  }
+  return false;
+}
 const std::shared_ptr<BufferPool>& Endpoint::buffers() const { return impl_->buffers; }
 
 void Endpoint::send_raw_for_testing(const PeerHandle& peer, const Frames& frames) {

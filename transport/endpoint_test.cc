@@ -348,6 +348,7 @@ TEST_CASE("unsent_bytes counts what a send left queued while the peer does not r
   auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", so);
   auto co = options("client-0", p.client0);
   co.send_timeout = 20s;
+  co.receive_queue = 1;  // the reply below arrives a record at a time
   auto client = Endpoint::connect(ctx, server.url(), co);
   for (int i = 0; i < 400 && !client.is_ready(); ++i) {
     (void)server.receive(5ms);
@@ -373,6 +374,21 @@ TEST_CASE("unsent_bytes counts what a send left queued while the peer does not r
   CHECK(m->payload.size() == data.size());
   for (int i = 0; i < 100 && client.unsent_bytes() > 0; ++i) std::this_thread::sleep_for(10ms);
   CHECK(client.unsent_bytes() == 0);
+
+  // receiving(): the reply streams in chunk by chunk; true part-way, false once it is whole.
+  CHECK_FALSE(client.receiving());
+  Envelope r;
+  r.body = Pull{0, 0, 10, 0};
+  server.send(m->peer, std::move(r), Payload{data, nullptr});
+  bool seen = false;
+  std::optional<Message> reply;
+  for (int i = 0; i < 20000 && !reply; ++i) {
+    reply = client.receive(0ms);
+    seen = seen || client.receiving();
+  }
+  REQUIRE(reply);
+  CHECK(seen);
+  CHECK_FALSE(client.receiving());
 }
 
 TEST_CASE("refused: a certificate from another CA, in both directions") {

@@ -78,6 +78,9 @@ class ShardLinks {
   // Payload bytes of earlier sends to `shard` still queued in this process, not yet on the wire
   // (a slow link); 0 when not known.
   [[nodiscard]] virtual std::uint64_t unsent_bytes(std::size_t /*shard*/) const { return 0; }
+  // True while something from `shard` is streaming in (a reply over a slow link); false when not
+  // known.
+  [[nodiscard]] virtual bool receiving(std::size_t /*shard*/) const { return false; }
 };
 
 // When each shard's request goes out again: at once, then after `first` unanswered, then after
@@ -209,6 +212,7 @@ class ShardClient final : public ShardLinks {
                                             std::chrono::milliseconds wait) override;
   int wait_any(std::span<const std::size_t> shards, std::chrono::milliseconds wait) override;
   [[nodiscard]] std::uint64_t unsent_bytes(std::size_t shard) const override;
+  [[nodiscard]] bool receiving(std::size_t shard) const override;
 
  private:
   transport::Context& ctx_;

@@ -180,6 +180,9 @@ class Endpoint {
   // Payload bytes of earlier sends still inside ZeroMQ: handed to it, not yet written to the
   // socket (nor dropped). A DEALER's sends to a slow link queue here; any thread may ask.
   [[nodiscard]] std::uint64_t unsent_bytes() const;
+  // True while a chunked payload is arriving: part of it is in and a chunk came within the last
+  // second (a reply still streaming over a slow link). The owning thread only.
+  [[nodiscard]] bool receiving() const;
 
   // Seams for tests and fuzzers. send_raw sends frames as one record, bypassing framing and
   // sealing. The outgoing hook sees every record (header, envelope, bulk frames, after sealing)
