@@ -91,6 +91,21 @@ void Endpoint::Impl::sweep() {
   const auto now = Clock::now();
   if (now - last_sweep < std::chrono::seconds(1)) return;
   last_sweep = now;
+  if (!is_router && secure) {
+    // A DEALER with no session for longer than a handshake may take: its handshake was lost
+    // (the server dropped a session that stalled, or answered an attempt it had given up on),
+    // and nothing else would start another until the connection drops. Try again; the server
+    // takes a new hello from a known peer as a new session.
+    auto it = sessions.find("");
+    if (it != sessions.end() &&
+        (it->second.state == Session::State::kHandshaking ||
+         it->second.state == Session::State::kAwaitAccept) &&
+        now - it->second.started > options.handshake_timeout) {
+      COHORT_LOG(Info) << url << ": no secure session after "
+                       << options.handshake_timeout.count() << " ms: handshaking again";
+      start_client_handshake();
+    }
+  }
   for (auto it = sessions.begin(); it != sessions.end();) {
     Session& s = it->second;
     for (auto t = s.transfers.begin(); t != s.transfers.end();) {

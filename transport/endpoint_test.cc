@@ -442,6 +442,33 @@ TEST_CASE("refused: a client whose certificate names another node than it claims
   CHECK(server.received().empty());
 }
 
+TEST_CASE("a DEALER whose hello was lost handshakes again after handshake_timeout") {
+  auto& p = pki();
+  Context ctx;
+  auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", options("shard-0", p.shard0));
+  auto o = options("client-0", p.client0);
+  o.handshake_timeout = 1500ms;
+  auto client = Endpoint::connect(ctx, server.url(), o);
+  int hellos = 0;
+  client.set_outgoing_hook_for_testing([&hellos](Endpoint::Frames record) {
+    if (record.size() == 3 && static_cast<int>(record[0][3]) == 1 && ++hellos == 1) {
+      return std::vector<Endpoint::Frames>{};  // the first hello never arrives
+    }
+    return std::vector<Endpoint::Frames>{record};
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 800 && !client.is_ready(); ++i) {
+    (void)server.receive(5ms);
+    try {
+      client.wait_ready(5ms);
+    } catch (const TimeoutError&) {
+    }
+  }
+  REQUIRE(client.is_ready());
+  CHECK(hellos >= 2);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 1500ms);
+}
+
 TEST_CASE("refused: a plaintext peer against a secure endpoint") {
   auto& p = pki();
   ServerThread server(options("shard-0", p.shard0));

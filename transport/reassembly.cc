@@ -30,8 +30,13 @@ void Endpoint::Impl::on_data(const PeerHandle& peer, const RecordHeader& h,
     it->second.state = Session::State::kReady;
   }
   if (it == sessions.end() || it->second.state != Session::State::kReady) {
-    // A sealed record for a session we do not know: the peer must handshake again.
-    if (is_router) send_control(peer, Kind::kReset, {});
+    // A sealed record for a session we do not know: the peer must handshake again. Its record
+    // is lost: a request is answered only once the peer resends it.
+    if (is_router) {
+      send_control(peer, Kind::kReset, {});
+      warn_limited("dropped a record from a peer without a secure session (after a restart, or a "
+                   "session that expired): asked it to handshake again");
+    }
     ++stats.dropped_auth;
     return;
   }

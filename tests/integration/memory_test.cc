@@ -20,8 +20,11 @@ TEST_CASE("a shard's peak RSS stays under 3x the model plus a fixed overhead whi
 #else
   constexpr int kClients = 50;
 #endif
+  // At info level a failed run's error quotes the end of the shard's log and the failed worker's
+  // (its resends, its reconnects): a worker once waited 300 s for an ack with nothing at warn.
   auto bench = cohort::test::Process::spawn(COHORT_BENCH_PS_BIN, {"--rss-clients", std::to_string(kClients), "--rss-model",
-                                                                  "mlp:1000-10000-10", "--modes", "tls"});
+                                                                  "mlp:1000-10000-10", "--modes", "tls",
+                                                                  "--log-level", "info"});
   const auto code = bench.wait_for(400s);
   REQUIRE(code.has_value());
   if (*code != 0) MESSAGE(bench.stderr_text());
