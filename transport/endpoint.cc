@@ -101,8 +101,8 @@ void Endpoint::Impl::sweep() {
         (it->second.state == Session::State::kHandshaking ||
          it->second.state == Session::State::kAwaitAccept) &&
         now - it->second.started > options.handshake_timeout) {
-      COHORT_LOG(Info) << url << ": no secure session after "
-                       << options.handshake_timeout.count() << " ms: handshaking again";
+      COHORT_LOG(Info) << url << ": no secure session after " << options.handshake_timeout.count()
+                       << " ms: handshaking again";
       start_client_handshake();
     }
   }

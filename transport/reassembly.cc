@@ -34,8 +34,9 @@ void Endpoint::Impl::on_data(const PeerHandle& peer, const RecordHeader& h,
     // is lost: a request is answered only once the peer resends it.
     if (is_router) {
       send_control(peer, Kind::kReset, {});
-      warn_limited("dropped a record from a peer without a secure session (after a restart, or a "
-                   "session that expired): asked it to handshake again");
+      warn_limited(
+          "dropped a record from a peer without a secure session (after a restart, or a "
+          "session that expired): asked it to handshake again");
     }
     ++stats.dropped_auth;
     return;
