@@ -87,23 +87,30 @@ struct Outcome {
 };
 
 // Runs `args` (argv[0] is the binary), stdout discarded, stderr to `err_file`.
-Outcome run_process(const std::vector<std::string>& args, const fs::path& err_file) {
+// Starts `args` (argv[0] the binary) with stdout to `out` and stderr to `err` (/dev/null when
+// empty); its pid, or -1.
+pid_t start_process(const std::vector<std::string>& args, const fs::path& out,
+                    const fs::path& err) {
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = fork();
+  if (pid != 0) return pid;
+  const int out_fd =
+      open(out.empty() ? "/dev/null" : out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err_fd = out == err ? out_fd : open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (out_fd < 0 || err_fd < 0) _exit(127);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  _exit(127);
+}
+
+Outcome run_process(const std::vector<std::string>& args, const fs::path& err_file) {
+  const pid_t pid = start_process(args, "", err_file);
   if (pid < 0) return {-1, "fork failed"};
-  if (pid == 0) {
-    const int null_fd = open("/dev/null", O_WRONLY);
-    const int err_fd = open(err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null_fd < 0 || err_fd < 0) _exit(127);
-    dup2(null_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -170,22 +177,6 @@ Line result_line(const std::vector<json>& records, double target) {
 // ---- data-parallel BSP with one worker slower: real processes --------------------------------
 
 constexpr const char* kDpSetting = "dp_bsp_slow4x";
-
-// Starts `args` (argv[0] the binary) with stdout and stderr to `log`; its pid, or -1.
-pid_t start_process(const std::vector<std::string>& args, const fs::path& log) {
-  std::fflush(stdout);
-  const pid_t pid = fork();
-  if (pid != 0) return pid;
-  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) _exit(127);
-  dup2(fd, STDOUT_FILENO);
-  dup2(fd, STDERR_FILENO);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  execv(argv[0], argv.data());
-  _exit(127);
-}
 
 // Waits up to `seconds` for `pid`; its exit status, or -1 when it was still running (then killed).
 int finish_process(pid_t pid, int seconds) {
@@ -254,16 +245,18 @@ Line run_dataparallel(const std::string& bin_dir, const std::string& policy, con
                                   "--log-level",
                                   "warn"};
   if (policy == "speed") server.push_back("--server.rebalance_every=20");
-  const pid_t server_pid = start_process(server, dir / ("dp_" + policy + "_server.log"));
+  const fs::path server_log = dir / ("dp_" + policy + "_server.log");
+  const pid_t server_pid = start_process(server, server_log, server_log);
   const std::string p = read_port(port);
   std::vector<pid_t> workers;
   if (!p.empty()) {
     for (int i = 0; i < 3; ++i) {
+      const fs::path log = dir / ("dp_" + policy + "_worker" + std::to_string(i) + ".log");
       const pid_t w = start_process(
           {bin_dir + "/cohort-client", "--insecure", "--server", "tcp://127.0.0.1:" + p, "--name",
            "worker-" + std::to_string(i), "--data", "iid", "--part", std::to_string(i) + "/3",
            "--client.threads=1", "--log-level", "warn"},
-          dir / ("dp_" + policy + "_worker" + std::to_string(i) + ".log"));
+          log, log);
       workers.push_back(w);
       if (w > 0) (void)groups[static_cast<std::size_t>(i)]->add(w);
     }
