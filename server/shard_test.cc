@@ -366,6 +366,21 @@ TEST_CASE("BSP shard: a step waits for every worker and applies the sum in worke
   const auto after = f.params();
   for (std::size_t i = 0; i < kModelSize; ++i) CHECK(after[i] == doctest::Approx(before[i] - 1.0f));
 
+  SUBCASE("a resent gradient of the clock just taken is acknowledged again, not applied twice") {
+    auto again = testing::push_all("a", gradient(f, 0), 1, ++seq, ga);
+    REQUIRE(f.shard.handle(again));
+    CHECK(f.last_ack("a").accepted);
+    CHECK(f.shard.version() == 1);
+    CHECK(f.params() == after);
+    // Once the worker has moved on, a gradient of an older clock than its last is refused.
+    auto next = testing::push_all("a", gradient(f, 1), 1, ++seq, ga);
+    REQUIRE(f.shard.handle(next));
+    CHECK(f.last_ack("a").accepted);
+    auto old = testing::push_all("a", gradient(f, 0), 1, ++seq, ga);
+    REQUIRE(f.shard.handle(old));
+    CHECK_FALSE(f.last_ack("a").accepted);
+    CHECK(f.last_ack("a").reason == "gradient for clock 0, expected 2");
+  }
   SUBCASE("a non-finite gradient is refused and the model stays") {
     std::vector<float> bad(kModelSize, 0.0f);
     bad[2] = std::nanf("");

@@ -16,6 +16,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "cohort/core/log.h"
 #include "cohort/kernels/primitives.h"
 
 #include "../batch_balancer.h"
@@ -154,6 +155,17 @@ bool DataParallelMode::start(const Message& m, const transport::Push& p, const s
                                     .dense_only = true,
                                     .wrong_length = "wrong gradient length"};
   std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
+  if (why.empty() && clocks_[m.sender] > 0 && p.clock + 1 == clocks_[m.sender]) {
+    // A resend of the gradient this shard took last (its ack was lost, or late past the
+    // worker's resend wait): acknowledged again, its bytes ignored, so it counts once. A
+    // refusal would stop a worker whose gradient was applied.
+    core_.reply_ack(m, true, "");
+    if (!m.complete) rejected_transfers_.insert(key);
+    COHORT_LOG(Info) << "shard " << core_.index << ": " << m.sender
+                     << " resent its gradient for clock " << p.clock
+                     << ", already taken: acknowledged again";
+    return false;
+  }
   if (why.empty() && p.clock != clocks_[m.sender]) {
     why = "gradient for clock " + std::to_string(p.clock) + ", expected " +
           std::to_string(clocks_[m.sender]);
