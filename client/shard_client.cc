@@ -89,17 +89,15 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
                          : options.patient ? Duration(30s)
                                            : Duration(3s);
   ResendSchedule schedule(n, first, std::max(first, Duration(20s)));
-  std::vector<bool> sent_once(n, false);
   auto send_due = [&] {
     for (const std::size_t i : schedule.due(clock.now())) {
-      if (sent_once[i] && (links.unsent_bytes(i) > 0 || links.receiving(i))) {
+      if (schedule.was_sent(i) && (links.unsent_bytes(i) > 0 || links.receiving(i))) {
         // The last copy is still queued here, or the answer is streaming in (a slow link): not
         // answered because not yet delivered. A resend would queue a whole copy of the request,
         // or have the shard send a whole copy of its reply, behind the first.
         schedule.postpone(i, clock.now());
         continue;
       }
-      sent_once[i] = true;
       try {
         auto [envelope, payload] = make(i);
         links.send(i, std::move(envelope), std::move(payload));

@@ -99,6 +99,7 @@ class ResendSchedule {
   void postpone(std::size_t shard, TimePoint now) { next_[shard] = now + first_; }
   void mark_answered(std::size_t shard) { answered_[shard] = true; }
   [[nodiscard]] bool is_answered(std::size_t shard) const { return answered_[shard]; }
+  [[nodiscard]] bool was_sent(std::size_t shard) const { return sent_[shard]; }
   [[nodiscard]] bool all_answered() const;
 
  private:
