@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/kernels/network.h"
+#include "speed_selection.h"
 
 namespace cohort::server {
 namespace {
@@ -46,7 +48,7 @@ Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out
   work_ = options.work;
   eval_every_ = r.eval_every;
   overselect_ = r.overselect;
-  weighted_ = r.selection == Selection::kWeighted;
+  selection_ = r.selection;
   heartbeat_ms_ = r.heartbeat_ms;
   client_timeout_ = r.client_timeout;
   dp_steps_ = options.dataparallel.steps;
@@ -120,6 +122,14 @@ bool Coordinator::tick_federated(TimePoint now) {
     const bool enough = done >= per_round_;
     const bool all_reported = reported_ >= selected_.size();
     if (!(enough || all_reported || now >= round_deadline_)) break;
+    if (now < round_deadline_) {
+      // Closed early, with K updates: whoever has not reported was cut, not late; that round
+      // says nothing of how reliably it finishes (server.selection = speed_aware).
+      for (const auto& id : selected_) {
+        if (reporters_.contains(id)) continue;
+        if (auto s = selections_.find(id); s != selections_.end() && s->second > 0) --s->second;
+      }
+    }
     write_client_records();  // the round takes no more reports from here on
     if (done < min_updates_ || done < rule_min_) {
       const bool rule = done >= min_updates_;
@@ -281,10 +291,27 @@ std::vector<NodeId> Coordinator::select() {
       static_cast<std::size_t>(std::ceil(static_cast<double>(per_round_) * overselect_));
   want = std::min(std::max<std::size_t>(want, 1), pool.size());
   std::vector<NodeId> out;
+  if (selection_ == Selection::kSpeedAware) {
+    std::vector<SelectionCandidate> candidates;
+    candidates.reserve(pool.size());
+    for (const auto& id : pool) {
+      const auto s = selections_.find(id);
+      const auto p = participations_.find(id);
+      const auto l = last_selected_.find(id);
+      candidates.push_back(
+          {.selected = s == selections_.end() ? 0 : s->second,
+           .completed = p == participations_.end() ? 0 : p->second,
+           .since_selected = l == last_selected_.end() ? round_ : round_ - l->second});
+    }
+    for (std::size_t i : speed_aware_selection(candidates, per_round_, want, rng_)) {
+      out.push_back(pool[i]);
+    }
+    return out;  // pool is in id order, and so is `out`
+  }
   // Sampling without replacement; weighted by data size when asked.
   for (std::size_t k = 0; k < want; ++k) {
     std::size_t pick = 0;
-    if (weighted_) {
+    if (selection_ == Selection::kWeighted) {
       std::discrete_distribution<std::size_t> d(weights.begin(), weights.end());
       pick = d(rng_);
     } else {
@@ -324,21 +351,26 @@ void Coordinator::start_round() {
                                  .deadline_ms = static_cast<std::uint64_t>(deadline_.count()),
                                  .local_epochs = train_.epochs,
                                  .local_steps = train_.steps,
-                                 .model_version = local_.version()};
+                                 .model_version = local_.version(),
+                                 .cohort_size = static_cast<std::uint32_t>(chosen.size())};
   // Every shard learns the selection before any client does: a shard takes this round's pushes
   // only from these clients.
   round_selection_ = chosen;
   for (std::size_t i = 0; i < shards_.size(); ++i) send_round_open(i);
-  for (const auto& id : chosen) {
+  const std::vector<std::uint32_t> work = plan_work(chosen);
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    const NodeId& id = chosen[i];
     auto& c = clients_.at(id);
     transport::RoundStart mine = rs;
-    mine.local_steps = local_steps_for(c);
+    mine.local_steps = work[i];
     Envelope e;
     e.round = round_;
     e.body = mine;
     if (out_.send(c.peer, std::move(e))) {
       selected_.insert(id);
       assigned_[id] = mine.local_steps;
+      ++selections_[id];
+      last_selected_[id] = round_;
     } else {
       c.reachable = false;
       COHORT_LOG(Info) << "client " << id << " is unreachable (its connection is gone): out of the "
@@ -491,18 +523,63 @@ void Coordinator::note_late_report(const NodeId& id, const transport::ClientRepo
   late_[id] = r;
 }
 
-std::uint32_t Coordinator::local_steps_for(const ClientInfo& c) const {
-  if (work_.policy == WorkPolicy::kFixed) return train_.steps;
-  const std::uint32_t hi = work_.max_steps > 0
-                               ? work_.max_steps
-                               : derived_max_steps(train_.steps, train_.epochs, train_.batch_size,
-                                                   c.dataset_size, work_.min_steps);
-  return plan_local_steps(&c.profile,
-                          WorkBounds{.deadline_s = std::chrono::duration<double>(deadline_).count(),
-                                     .margin = work_.margin,
-                                     .batch_size = train_.batch_size,
-                                     .min_steps = work_.min_steps,
-                                     .max_steps = hi});
+double Coordinator::plan_deadline_seconds() const {
+  return work_.plan_deadline_s > 0 ? work_.plan_deadline_s
+                                   : std::chrono::duration<double>(deadline_).count();
+}
+
+std::vector<std::uint32_t> Coordinator::plan_work(const std::vector<NodeId>& chosen) const {
+  std::vector<std::uint32_t> steps(chosen.size(), train_.steps);
+  if (work_.policy == WorkPolicy::kFixed) return steps;
+  const std::size_t shards = shards_.size();
+  // What a client has not measured yet (all of it, or the push of one that never finished one)
+  // is taken from the slow end of the fleet's measurements.
+  std::optional<ClientProfile> prior;
+  std::vector<ClientProfile> guessed(chosen.size());
+  std::vector<const ClientProfile*> planned_with(chosen.size());
+  std::vector<std::uint32_t> fixed(chosen.size());
+  std::vector<double> finish(chosen.size(), -1);
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    const auto& c = clients_.at(chosen[i]);
+    fixed[i] = fixed_work_steps(train_.steps, train_.epochs, train_.batch_size, c.dataset_size,
+                                work_.min_steps);
+    if (usable_profile(c.profile, shards)) {
+      planned_with[i] = &c.profile;
+    } else {
+      if (!prior) {
+        std::vector<const ClientProfile*> fleet;
+        fleet.reserve(clients_.size());
+        for (const auto& [id, other] : clients_) fleet.push_back(&other.profile);
+        prior = fleet_prior(fleet, shards);
+      }
+      guessed[i] = filled_from(c.profile, *prior);
+      if (usable_profile(guessed[i], shards)) planned_with[i] = &guessed[i];
+    }
+    if (planned_with[i] != nullptr) {
+      finish[i] = expected_work_seconds(*planned_with[i], fixed[i], train_.batch_size);
+    }
+  }
+  const double deadline_s = plan_deadline_seconds();
+  const double round_s = planned_round_seconds(finish, deadline_s, work_.margin);
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    const auto& c = clients_.at(chosen[i]);
+    if (planned_with[i] == nullptr) {
+      steps[i] = work_.min_steps;  // nobody measured yet: a short first round that measures all
+      continue;
+    }
+    std::uint32_t hi = work_.max_steps > 0
+                           ? work_.max_steps
+                           : derived_max_steps(train_.steps, train_.epochs, train_.batch_size,
+                                               c.dataset_size, work_.min_steps);
+    if (planned_with[i] != &c.profile) hi = std::min(hi, fixed[i]);  // a guess: no more than fixed
+    steps[i] = plan_local_steps(planned_with[i], WorkBounds{.deadline_s = deadline_s,
+                                                            .margin = work_.margin,
+                                                            .round_s = round_s,
+                                                            .batch_size = train_.batch_size,
+                                                            .min_steps = work_.min_steps,
+                                                            .max_steps = hi});
+  }
+  return steps;
 }
 
 void Coordinator::write_client_records() {

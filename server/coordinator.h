@@ -103,9 +103,17 @@ class Coordinator {
   // A federated report that came after its round stopped taking reports (a client whose planned
   // work did not fit the deadline, or one cut when the round filled): kept for the profile.
   void note_late_report(const NodeId& id, const transport::ClientReport& r);
+  // RoundStart.local_steps for each client of the cohort `chosen`, in its order: train.steps
+  // under server.work = fixed; under deadline the planner's counts (profiles.h), for a round
+  // planned to the latest fixed-work finish of the cohort, at most (1 - margin) D. What a client
+  // has not measured is taken from fleet_prior() (filled_from()) and its work is then at most
+  // its fixed work; before any client has been measured, everyone gets server.min_local_steps.
+  [[nodiscard]] std::vector<std::uint32_t> plan_work(const std::vector<NodeId>& chosen) const;
+  // D of the planner: WorkOptions::plan_deadline_s, else the round's deadline.
+  [[nodiscard]] double plan_deadline_seconds() const;
   // RoundStart.local_steps for a selected client: train.steps (server.work = fixed) or the
-  // deadline planner's count from its profile.
-  [[nodiscard]] std::uint32_t local_steps_for(const ClientInfo& c) const;
+  // deadline planner's count from its profile, for a round planned to `round_s` seconds.
+  [[nodiscard]] std::uint32_t local_steps_for(const ClientInfo& c, double round_s) const;
   // Once the running round takes no more reports: folds the late reports kept since the last
   // such point into the profiles (with kMissAlpha; not for clients that reported in time in this
   // round, whose measurement is newer), then writes the round's "client" records in client-id
@@ -146,7 +154,7 @@ class Coordinator {
   std::uint64_t failed_in_a_row_ = 0, max_failed_rounds_ = 10;
   std::string last_refusal_, last_failure_, failure_;
   double overselect_ = 1.0;
-  bool weighted_ = false;
+  Selection selection_ = Selection::kUniform;
   std::chrono::milliseconds deadline_{60000};
   WorkOptions work_;
   std::chrono::milliseconds client_timeout_{60000};
@@ -169,6 +177,9 @@ class Coordinator {
   std::map<NodeId, transport::ClientReport> late_;     // late reports not folded in yet
   // Complete updates per client over the whole run (they survive a re-registration).
   std::map<NodeId, std::uint64_t> participations_;
+  // Rounds each client was selected for (less those it was cut from when the round closed early
+  // with K updates), and the last one: server.selection = speed_aware's counts.
+  std::map<NodeId, std::uint64_t> selections_, last_selected_;
   double round_loss_ = 0, round_bytes_ = 0, round_train_s_ = 0, round_comm_s_ = 0;
   std::uint64_t round_samples_ = 0;
   double last_round_s_ = 0;

@@ -386,7 +386,7 @@ TEST_CASE("coordinator: server.work = deadline sizes each client's steps from it
   f.coordinator->tick();
   REQUIRE(f.starts("fast").size() == 1);
   REQUIRE(f.starts("slow").size() == 1);
-  CHECK(f.starts("fast")[0].local_steps == 2);  // no profile yet: server.min_local_steps
+  CHECK(f.starts("fast")[0].local_steps == 2);  // nobody measured yet: server.min_local_steps
   CHECK(f.starts("slow")[0].local_steps == 2);
   f.train("fast", 1, measured(100, 2));
   f.train("slow", 1, measured(10, 2));
@@ -461,6 +461,72 @@ TEST_CASE("coordinator: server.work = deadline sizes each client's steps from it
   }
 }
 
+TEST_CASE("coordinator: a cohort that meets the deadline keeps the fixed work's round length") {
+  // 100 samples each, B = 10: the fixed work is 10 steps. With 1 s of transfers the fast client
+  // (100 samples/s) needs 2 s for it, the slower one (50 samples/s) 3 s, both far inside
+  // (1 - 0.2) x 10 s: the round is planned to 3 s. The slower one gets its 10 steps, the fast one
+  // fills the 3 s with 20 (below the derived bound, 4 x 10).
+  Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
+             "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
+  f.register_client("fast");
+  f.register_client("slower");
+  f.coordinator->tick();
+  CHECK(f.starts("fast")[0].local_steps == 1);  // server.work = deadline is the default
+  f.train("fast", 1, measured(100, 1));
+  f.train("slower", 1, measured(50, 1));
+  f.coordinator->tick();
+  REQUIRE(f.starts("fast").size() == 2);
+  REQUIRE(f.starts("slower").size() == 2);
+  CHECK(f.starts("fast")[1].local_steps == 20);
+  CHECK(f.starts("slower")[1].local_steps == 10);
+  SUBCASE("the averages move, T with them") {
+    f.train("fast", 2, measured(100, 20));
+    f.train("slower", 2, measured(2, 10));  // 0.3 x 2 + 0.7 x 50 = 35.6 samples/s
+    f.coordinator->tick();
+    REQUIRE(f.starts("fast").size() == 3);
+    // The slower's fixed work: 1 s + 100 / 35.6 s = 3.81 s, still inside 8 s: T = 3.81 s.
+    CHECK(f.starts("fast")[2].local_steps == 28);  // floor(2.81 x 100 / 10)
+    CHECK(f.starts("slower")[2].local_steps == 10);
+  }
+}
+
+TEST_CASE("coordinator: a client too slow for the deadline plans the round to (1 - margin) D") {
+  Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
+             "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
+  f.register_client("fast");
+  f.register_client("snail");
+  f.coordinator->tick();
+  f.train("fast", 1, measured(100, 1));
+  f.train("snail", 1, measured(5, 1));  // its fixed work: 1 s + 100 / 5 s = 21 s > 8 s
+  f.coordinator->tick();
+  REQUIRE(f.starts("fast").size() == 2);
+  REQUIRE(f.starts("snail").size() == 2);
+  // T = 8 s: the fast client's (8 - 1) x 100 / 10 = 70 steps are capped by the derived bound,
+  // 4 x its fixed 10; the snail gets floor(7 x 5 / 10) = 3.
+  CHECK(f.starts("fast")[1].local_steps == 40);
+  CHECK(f.starts("snail")[1].local_steps == 3);
+}
+
+TEST_CASE("coordinator: a client registering into a measured fleet is planned with its slow end") {
+  Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=3",
+             "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
+  f.register_client("fast");
+  f.register_client("slow");
+  f.coordinator->tick();
+  f.train("fast", 1, measured(100, 1));
+  f.train("slow", 1, measured(10, 1));
+  f.register_client("new");
+  f.coordinator->tick();
+  REQUIRE(f.starts("new").size() == 1);
+  REQUIRE(f.starts("new")[0].round == 2);
+  // The prior: the 10% quantile of {100, 10} samples/s is 10, links 2 MB/s. Its fixed work (10
+  // steps) would take 1 s + 10 s > 8 s, so T = 8 s and it is given floor(7 x 10 / 10) = 7, at most
+  // its fixed work.
+  CHECK(f.starts("new")[0].local_steps == 7);
+  CHECK(f.starts("slow")[1].local_steps == 7);
+  CHECK(f.starts("fast")[1].local_steps == 40);
+}
+
 TEST_CASE("server.work and its keys: federated only, deadline only, and checked values") {
   CHECK(testing::validate_error({"server.work=deadline", "server.min_local_steps=3",
                                  "server.max_local_steps=30", "server.deadline_margin=0.1"}) == "");
@@ -472,7 +538,8 @@ TEST_CASE("server.work and its keys: federated only, deadline only, and checked 
             .find("server.work applies to server.mode = federated only") == 0);
   CHECK(testing::validate_error({"server.mode=dataparallel", "server.max_local_steps=5"})
             .find("server.max_local_steps applies to server.mode = federated only") == 0);
-  CHECK(testing::validate_error({"server.min_local_steps=4"})
+  CHECK(testing::validate_error({"server.min_local_steps=4"}) == "");  // deadline is the default
+  CHECK(testing::validate_error({"server.work=fixed", "server.min_local_steps=4"})
             .find("server.min_local_steps applies to server.work = deadline only") == 0);
   CHECK(testing::validate_error({"server.work=deadline", "server.min_local_steps=0"})
             .find("server.min_local_steps must be from 1") == 0);
@@ -488,12 +555,14 @@ TEST_CASE("server.work and its keys: federated only, deadline only, and checked 
   CHECK(options.work.min_steps == 3);
   CHECK(options.work.max_steps == 30);
   CHECK(options.work.margin == doctest::Approx(0.1));
-  CHECK(testing::make_options({}).work.policy == WorkPolicy::kFixed);
+  CHECK(testing::make_options({}).work.policy == WorkPolicy::kDeadline);
+  CHECK(testing::make_options({"server.work=fixed"}).work.policy == WorkPolicy::kFixed);
 }
 
 TEST_CASE("coordinator: server.work = fixed sends today's RoundStart whatever clients measured") {
   Fixture f({"server.mode=federated", "server.rounds=3", "server.clients_per_round=2",
-             "server.min_clients=2", "server.round_deadline_ms=1000", "train.steps=5"});
+             "server.min_clients=2", "server.round_deadline_ms=1000", "train.steps=5",
+             "server.work=fixed"});
   f.register_client("fast");
   f.register_client("slow");
   f.coordinator->tick();
@@ -506,12 +575,14 @@ TEST_CASE("coordinator: server.work = fixed sends today's RoundStart whatever cl
                                         .deadline_ms = 1000,
                                         .local_epochs = 1,
                                         .local_steps = 5,
-                                        .model_version = 0});
+                                        .model_version = 0,
+                                        .cohort_size = 2});
     CHECK(f.starts(id)[1] == RoundStart{.round = 2,
                                         .deadline_ms = 1000,
                                         .local_epochs = 1,
                                         .local_steps = 5,
-                                        .model_version = 1});
+                                        .model_version = 1,
+                                        .cohort_size = 2});
   }
 }
 

@@ -274,13 +274,21 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
 
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx) {
+  return run(config, registries, stop, ctx, InProcessOverrides{});
+}
+
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx, const InProcessOverrides& overrides) {
   validate(config, registries);
   if (config.get_string("server.mode") == "decentralized") {
     return run_rendezvous(rendezvous_options_from(config), stop, ctx);
   }
   check_options(config);
   // The edge: from here on the server reads typed options, never the Config.
-  const ServerOptions options = server_options_from(config);
+  ServerOptions options = server_options_from(config);
+  if (overrides.plan_deadline_ms > 0) {
+    options.work.plan_deadline_s = static_cast<double>(overrides.plan_deadline_ms) / 1e3;
+  }
   (void)kernels::make_network_spec(options.model.spec)
       .parameter_count();  // validates the spec early
   check_dp_options(options.dp, options.modes);

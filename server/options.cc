@@ -174,8 +174,14 @@ void validate(const Config& config, const Registries& registries) {
   set_listener_receive_queue(config, endpoint);
   if (mode == kDecentralized) return;  // run_rendezvous() checks its own section
   const std::string selection = config.get_string("server.selection");
-  if (selection != "uniform" && selection != "weighted") {
-    throw ConfigError("server.selection must be uniform or weighted, got '" + selection + "'");
+  if (selection != "uniform" && selection != "weighted" && selection != "speed_aware") {
+    throw ConfigError("server.selection must be uniform, weighted or speed_aware, got '" +
+                      selection + "'");
+  }
+  if (selection != "uniform" && config.get_double("dp.noise_multiplier") > 0) {
+    throw ConfigError("server.selection = " + selection +
+                      " does not sample clients uniformly, which the privacy accountant of "
+                      "dp.noise_multiplier assumes (q = m / N): use server.selection = uniform");
   }
   // Clients read [train] after joining: check it here, where a mistake costs nothing.
   const auto train = config.section("train");
@@ -310,7 +316,9 @@ ConfigSchema config_schema() {
            "rounds in a row without server.min_updates complete updates before the coordinator "
            "stops with an error (0: retry for ever)")
       .add("server.selection", std::string("uniform"),
-           "federated: uniform | weighted (by data size)")
+           "federated: uniform | weighted (by data size) | speed_aware (draw weights grow with a "
+           "client's wait; draws stop once expected completions reach K, at most ceil(K x "
+           "server.overselect); ALGORITHMS.md 1.7)")
       .add("server.normalization", std::string("none"),
            "federated: none | fednova. fednova: FedNova's normalised averaging (ALGORITHMS.md "
            "1.7) for unequal local work: the server steps with tau_eff * sum_i p_i Delta_i / a_i, "
@@ -318,16 +326,16 @@ ConfigSchema config_schema() {
            "with its push (a push without a_i > 0 is refused); needs aggregator.name = fedavg; "
            "with dp.clip each Delta_i / a_i is clipped and p_i = 1/m")
       .add("server.round_deadline_ms", std::int64_t{60000}, "a round closes at this deadline")
-      .add("server.work", std::string("fixed"),
-           "federated: fixed (every client runs train.epochs / train.steps) | deadline (each "
-           "selected client gets the local steps its measured speed and links fit into "
-           "server.round_deadline_ms, within [server.min_local_steps, server.max_local_steps]; "
-           "one without a measured profile yet gets server.min_local_steps)")
+      .add("server.work", std::string("deadline"),
+           "federated: deadline (each client gets the steps its measured speed and links fit "
+           "into the round: the slowest selected client's time for the fixed work, at most (1 - "
+           "server.deadline_margin) x server.round_deadline_ms; ALGORITHMS.md 1.7) | fixed "
+           "(every client runs train.epochs / train.steps)")
       .add("server.min_local_steps", std::int64_t{1},
            "server.work = deadline: fewest local steps asked of a client, and what a client "
            "without a measured profile gets")
       .add("server.max_local_steps", std::int64_t{0},
-           "server.work = deadline: most local steps asked of a client (0: the work "
+           "server.work = deadline: most local steps asked of a client (0: four times the work "
            "server.work = fixed gives it: train.steps, else train.epochs x ceil(its samples / "
            "train.batch_size))")
       .add("server.deadline_margin", 0.2,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,21 +57,65 @@ double expected_transfer_seconds(const ClientProfile& profile);
 
 // What the planner needs besides the profile.
 struct WorkBounds {
-  double deadline_s = 60;         // D: server.round_deadline_ms in seconds
-  double margin = 0.2;            // server.deadline_margin: the fraction of D left unplanned
+  double deadline_s = 60;  // D: server.round_deadline_ms in seconds
+  double margin = 0.2;     // server.deadline_margin: the fraction of D left unplanned
+  double round_s = 0;  // T: the round's planned length (planned_round_seconds()); 0: (1 - margin) D
   std::uint64_t batch_size = 64;  // B: train.batch_size
   std::uint32_t min_steps = 1;    // server.min_local_steps
   std::uint32_t max_steps = 1;    // server.max_local_steps, or the client's derived bound
 };
 
-// tau = clamp(floor((D - c - margin * D) * s / B), min_steps, max_steps), with s the profile's
-// samples/s and c its expected transfer time. min_steps for a client without a usable profile
-// (none, no throughput yet, or a shard's rate unknown) and when transfers alone use the budget.
-// max_steps below min_steps is taken as min_steps.
+// Seconds the profile predicts for `steps` local steps of `batch_size` samples plus the round's
+// transfers; negative when it cannot tell (no throughput, or a shard's rate unknown).
+double expected_work_seconds(const ClientProfile& profile, std::uint64_t steps,
+                             std::uint64_t batch_size);
+
+// T, the length a round under server.work = deadline is planned to: (1 - margin) D, or less when
+// every selected client with a usable profile is predicted to finish the work server.work = fixed
+// would give it sooner: then the latest of those finishes. `fixed_finish_s` holds those
+// predictions (negative entries, clients without a usable profile, are skipped). So a fleet whose
+// slowest selected device meets the deadline keeps its rounds as short as fixed work makes them,
+// and the faster devices fill that time; only a fleet with a device too slow for the deadline
+// plans its rounds to the deadline.
+double planned_round_seconds(std::span<const double> fixed_finish_s, double deadline_s,
+                             double margin);
+
+// Whether the planner can use `profile`: a throughput and both rates of every one of `shards`.
+bool usable_profile(const ClientProfile& profile, std::size_t shards);
+
+// The quantile of the measured fleet a client without a usable profile is planned with.
+inline constexpr double kPriorQuantile = 0.1;
+
+// A stand-in profile for a client that has not been measured yet: per field (throughput, each
+// shard's down and up rate), the kPriorQuantile quantile over `fleet`'s usable profiles, the slow
+// end of the devices measured so far, with the largest payloads they last measured. Not usable
+// (no throughput) when no profile in `fleet` is.
+ClientProfile fleet_prior(std::span<const ClientProfile* const> fleet, std::size_t shards);
+
+// `own` with each field it has not measured (throughput, a shard's down or up rate) taken from
+// `prior`: a client that never completed a push (it missed every deadline it was given) still has
+// its measured speed and pull planned with, and the fleet's up rate for the push it never made.
+ClientProfile filled_from(const ClientProfile& own, const ClientProfile& prior);
+
+// tau = clamp(floor((T - c) * s / B), min_steps, max_steps), with s the profile's samples/s, c its
+// expected transfer time and T = bounds.round_s (or (1 - margin) D). min_steps for a client
+// without a usable profile (none, no throughput yet, or a shard's rate unknown) and when
+// transfers alone use the budget. max_steps below min_steps is taken as min_steps.
 std::uint32_t plan_local_steps(const ClientProfile* profile, const WorkBounds& bounds);
 
-// server.max_local_steps = 0: the work server.work = fixed gives a client with `samples` samples,
-// train.steps when set, else train.epochs x ceil(samples / batch_size); at least min_steps.
+// The work server.work = fixed gives a client with `samples` samples: train.steps when set, else
+// train.epochs x ceil(samples / batch_size); at least min_steps.
+std::uint32_t fixed_work_steps(std::uint32_t train_steps, std::uint32_t train_epochs,
+                               std::uint64_t batch_size, std::uint64_t samples,
+                               std::uint32_t min_steps);
+
+// server.max_local_steps = 0 bounds a client's deadline-sized work at this many times its fixed
+// work: a fast device fills the round, but does not run tens of epochs over its own shard of the
+// data (which pulls the model towards its local optimum) because one slow device set the round's
+// length. Set server.max_local_steps for another bound.
+inline constexpr std::uint32_t kDerivedWorkFactor = 4;
+
+// server.max_local_steps = 0: kDerivedWorkFactor x fixed_work_steps(), at least min_steps.
 std::uint32_t derived_max_steps(std::uint32_t train_steps, std::uint32_t train_epochs,
                                 std::uint64_t batch_size, std::uint64_t samples,
                                 std::uint32_t min_steps);

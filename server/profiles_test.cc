@@ -135,11 +135,96 @@ TEST_CASE("deadline planner: no profile gets the minimum, slower clients fewer s
   CHECK(plan_local_steps(&fast, no_margin) == 90);
 }
 
-TEST_CASE("deadline planner: the derived bound is the fixed policy's work") {
-  CHECK(derived_max_steps(0, 1, 64, 600, 1) == 10);  // ceil(600 / 64)
-  CHECK(derived_max_steps(0, 3, 64, 640, 1) == 30);
-  CHECK(derived_max_steps(25, 3, 64, 640, 1) == 25);  // train.steps wins over epochs
-  CHECK(derived_max_steps(0, 1, 64, 0, 4) == 4);      // never below min_steps
+TEST_CASE("deadline planner: the fixed work, and the derived bound four times it") {
+  CHECK(fixed_work_steps(0, 1, 64, 600, 1) == 10);  // ceil(600 / 64)
+  CHECK(fixed_work_steps(0, 3, 64, 640, 1) == 30);
+  CHECK(fixed_work_steps(25, 3, 64, 640, 1) == 25);  // train.steps wins over epochs
+  CHECK(fixed_work_steps(0, 1, 64, 0, 4) == 4);      // never below min_steps
+  CHECK(derived_max_steps(0, 1, 64, 600, 1) == 40);
+  CHECK(derived_max_steps(25, 3, 64, 640, 1) == 100);
+  CHECK(derived_max_steps(0, 1, 64, 0, 4) == 16);
+  CHECK(derived_max_steps(0, 1, 64, 0, 0) == 0);
+  CHECK(derived_max_steps(2'000'000'000, 1, 64, 0, 1) == 4'294'967'295U);  // saturates
+}
+
+TEST_CASE(
+    "deadline planner: the round is planned to the latest fixed-work finish, at most (1 - m) D") {
+  const auto fast = measured(100, 1, 0.5f, 0.5f);  // 1 s of transfers
+  const auto slow = measured(10, 1, 0.5f, 0.5f);
+  // 10 steps of 10 samples: 1 s + 1 s for the fast client, 1 s + 10 s for the slow one.
+  CHECK(expected_work_seconds(fast, 10, 10) == doctest::Approx(2.0));
+  CHECK(expected_work_seconds(slow, 10, 10) == doctest::Approx(11.0));
+  ClientProfile unknown;
+  CHECK(expected_work_seconds(unknown, 10, 10) < 0);
+  const std::vector<double> both{2.0, 11.0}, quick{2.0, 3.0}, none{-1.0, -1.0};
+  CHECK(planned_round_seconds(both, 10, 0.2) == doctest::Approx(8.0));  // the slow one does not fit
+  CHECK(planned_round_seconds(quick, 10, 0.2) == doctest::Approx(3.0));  // everyone fits: 3 s
+  CHECK(planned_round_seconds(none, 10, 0.2) == doctest::Approx(8.0));   // nobody measured
+  CHECK(planned_round_seconds({}, 10, 0.2) == doctest::Approx(8.0));
+  const std::vector<double> mixed{-1.0, 3.0};  // an unmeasured client does not set T
+  CHECK(planned_round_seconds(mixed, 10, 0.2) == doctest::Approx(3.0));
+  // In a round of T = 3 s the fast client fills 2 s of compute: 20 steps, twice its fixed 10; the
+  // client that set T (1 s of transfers + 2 s for its 20 steps at 100 samples/s) gets exactly its
+  // fixed work, not one step less to rounding.
+  const WorkBounds b{.deadline_s = 10,
+                     .margin = 0.2,
+                     .round_s = 3.0,
+                     .batch_size = 10,
+                     .min_steps = 1,
+                     .max_steps = 1000};
+  CHECK(plan_local_steps(&fast, b) == 20);
+  for (float sps : {3.0f, 7.0f, 10.0f, 30.0f, 70.0f, 100.0f, 333.0f}) {
+    ClientProfile p = measured(sps, 1, 0.1f, 0.2f);
+    const double t = expected_work_seconds(p, 10, 10);
+    WorkBounds own = b;
+    own.round_s = planned_round_seconds(std::vector<double>{t}, 1000, 0.2);
+    CHECK(plan_local_steps(&p, own) == 10);
+  }
+}
+
+TEST_CASE("deadline planner: a client not measured yet is planned with the fleet's slow end") {
+  std::vector<ClientProfile> fleet;
+  for (int k = 1; k <= 11; ++k) fleet.push_back(measured(10.0f * k, 2, 0.1f * k, 0.2f * k));
+  fleet.push_back(ClientProfile{});       // never measured: left out
+  fleet.push_back(measured(5, 1, 1, 1));  // another layout (one shard): left out
+  std::vector<const ClientProfile*> ptrs;
+  for (const auto& p : fleet) ptrs.push_back(&p);
+  CHECK(usable_profile(fleet[0], 2));
+  CHECK_FALSE(usable_profile(fleet[11], 2));
+  CHECK_FALSE(usable_profile(fleet[12], 2));
+  const ClientProfile prior = fleet_prior(ptrs, 2);
+  REQUIRE(usable_profile(prior, 2));
+  // The 10% quantile of 11 values is the second smallest: 20 samples/s; the rates likewise come
+  // from the second slowest link (1 MB in 0.9 s down, 1.8 s up: the 10th and 11th are slower).
+  CHECK(prior.samples_per_s == doctest::Approx(20));
+  CHECK(prior.links[1].down_rate == doctest::Approx(1e6 / 1.0));
+  CHECK(prior.links[1].up_rate == doctest::Approx(1e6 / 2.0));
+  CHECK(prior.links[0].down_bytes == 1'000'000);
+  const std::vector<const ClientProfile*> nobody{&fleet[11]};
+  CHECK_FALSE(usable_profile(fleet_prior(nobody, 2), 2));
+  CHECK_FALSE(usable_profile(fleet_prior({}, 2), 2));
+}
+
+TEST_CASE("deadline planner: what a client has not measured comes from the prior") {
+  const ClientProfile prior = measured(20, 2, 1.0f, 2.0f);
+  // A client that missed every deadline: its throughput and pulls measured, never a push.
+  ClientProfile straggler;
+  update_profile(
+      straggler,
+      ClientReport{.samples_per_second = 3,
+                   .links = {LinkSample{.shard = 0, .down_bytes = 500, .down_seconds = 1},
+                             LinkSample{.shard = 1, .down_bytes = 500, .down_seconds = 1}}},
+      2);
+  CHECK_FALSE(usable_profile(straggler, 2));
+  const ClientProfile p = filled_from(straggler, prior);
+  REQUIRE(usable_profile(p, 2));
+  CHECK(p.samples_per_s == doctest::Approx(3));         // its own
+  CHECK(p.links[1].down_rate == doctest::Approx(500));  // its own
+  CHECK(p.links[1].up_rate == doctest::Approx(5e5));    // the prior's
+  CHECK(p.links[1].up_bytes == 1'000'000);
+  const ClientProfile fresh = filled_from(ClientProfile{}, prior);
+  CHECK(fresh.samples_per_s == doctest::Approx(20));
+  CHECK(fresh.links.size() == 2);
 }
 
 TEST_CASE("profiles: the client record names every field, one rate pair per shard") {

@@ -78,8 +78,10 @@ RoundOptions round_options(const Config& c) {
   r.rounds = static_cast<std::uint64_t>(c.get_int("server.rounds"));
   r.clients_per_round = static_cast<std::size_t>(c.get_int("server.clients_per_round"));
   r.overselect = c.get_double("server.overselect");
-  r.selection =
-      c.get_string("server.selection") == "weighted" ? Selection::kWeighted : Selection::kUniform;
+  const std::string selection = c.get_string("server.selection");
+  r.selection = selection == "weighted"      ? Selection::kWeighted
+                : selection == "speed_aware" ? Selection::kSpeedAware
+                                             : Selection::kUniform;
   r.min_clients = static_cast<std::size_t>(c.get_int("server.min_clients"));
   r.min_updates =
       static_cast<std::size_t>(std::max<std::int64_t>(1, c.get_int("server.min_updates")));

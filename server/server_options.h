@@ -18,7 +18,7 @@
 namespace cohort::server {
 
 // server.selection: how the coordinator samples a federated round's cohort.
-enum class Selection : std::uint8_t { kUniform, kWeighted };
+enum class Selection : std::uint8_t { kUniform, kWeighted, kSpeedAware };
 
 // server.normalization: how a federated shard weighs updates of unequal local work.
 // kNone: FedAvg's sample-weighted mean. kFedNova: FedNova's normalised averaging
@@ -85,8 +85,12 @@ enum class WorkPolicy : std::uint8_t {
 struct WorkOptions {
   WorkPolicy policy = WorkPolicy::kFixed;  // server.work
   std::uint32_t min_steps = 1;             // server.min_local_steps, at least 1
-  std::uint32_t max_steps = 0;             // server.max_local_steps (0: the fixed policy's work)
-  double margin = 0.2;                     // server.deadline_margin, in [0, 1)
+  std::uint32_t max_steps = 0;  // server.max_local_steps (0: profiles.h derived_max_steps)
+  double margin = 0.2;          // server.deadline_margin, in [0, 1)
+  // The deadline work is planned against, in seconds; 0: server.round_deadline_ms. cohort-sim
+  // plans against its simulated deadline while its coordinator closes rounds on host time
+  // (InProcessOverrides in server.h).
+  double plan_deadline_s = 0;
 };
 
 struct FedBuffOptions {

@@ -337,11 +337,15 @@ void Fleet::on_round_start(std::uint32_t c, const transport::RoundStart& rs) {
 void Fleet::check_stalled_collection() {
   if (active_ || collecting_.empty()) return;
   auto& front = collecting_.front();
-  if (front.clients.size() >= expected_selected_ || collecting_.size() > 1 ||
+  // The RoundStarts say how many were selected (server.selection = speed_aware varies it); an
+  // older server's do not: then ceil(K x overselect), or at most the registered clients.
+  const std::size_t expected =
+      front.rs.cohort_size > 0 ? std::size_t{front.rs.cohort_size} : expected_selected_;
+  if (front.clients.size() >= expected || collecting_.size() > 1 ||
       seconds_since(front.last_arrival) > 1.0) {
-    if (front.clients.size() < expected_selected_ && collecting_.size() == 1) {
+    if (front.clients.size() < expected && collecting_.size() == 1) {
       COHORT_LOG(Warn) << "cohort-sim: round " << front.round << " selected "
-                       << front.clients.size() << " clients, expected " << expected_selected_;
+                       << front.clients.size() << " clients, expected " << expected;
     }
     Collecting next = std::move(front);
     collecting_.pop_front();

@@ -49,13 +49,11 @@ Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t 
   c.set_value("server.port_file", std::string());
   c.set_value("server.min_clients", static_cast<std::int64_t>(options.clients));
   // The shards close rounds on host time (sim.wall_deadline_ms) while the fleet plans them on the
-  // simulated clock (server.round_deadline_ms). But a coordinator that sizes each client's work
-  // to the round's deadline (server.work = "deadline", issue 23) must size it to the simulated
-  // deadline, against the virtual throughput and link times the clients report: it gets that
-  // one, which then also closes rounds on host time (a round's host time must stay below it).
-  c.set_value("server.round_deadline_ms", options.server.deadline_work
-                                              ? sim.get_int("server.round_deadline_ms")
-                                              : options.wall_deadline_ms);
+  // simulated clock (server.round_deadline_ms). A coordinator that sizes each client's work to
+  // the round's deadline (server.work = "deadline") plans against the simulated deadline, with
+  // the virtual throughput and link times the clients report: run_in_process() passes it in
+  // InProcessOverrides.
+  c.set_value("server.round_deadline_ms", options.wall_deadline_ms);
   c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
   c.set_value("tls.insecure", true);
   if (index != 0) c.set_value("server.metrics_file", std::string());
@@ -87,10 +85,13 @@ Summary run_in_process(const Config& config, const Registries& registries,
   std::mutex errors_mu;
   std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
+  const server::InProcessOverrides overrides{
+      .plan_deadline_ms =
+          options.server.deadline_work ? config.get_int("server.round_deadline_ms") : 0};
   for (std::uint32_t i = 0; i < shards; ++i) {
     threads.emplace_back([&, i] {
       try {
-        server::run(shard_configs[i], registries, stop_shards, ctx);
+        server::run(shard_configs[i], registries, stop_shards, ctx, overrides);
       } catch (...) {
         std::lock_guard lock(errors_mu);
         errors[i] = std::current_exception();

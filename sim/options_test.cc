@@ -65,22 +65,21 @@ TEST_CASE("sim_options_from fills the typed options, per runner, with the keys' 
       doctest::Contains("train.reset_optimizer_state = false is not simulated"), ConfigError);
 }
 
-TEST_CASE("server.work = deadline: the shards' deadline is the simulated one") {
-  CHECK_FALSE(sim_options_from(load({}), Runner::kInProcess).server.deadline_work);
+TEST_CASE("server.work = deadline (the default) plans against the simulated deadline") {
   if (sim_config_schema().find("server.work") == nullptr) {
     // This server has no heterogeneity-aware work yet: the key is unknown.
     CHECK_THROWS_AS((void)load({"server.work=deadline"}), ConfigError);
     return;
   }
+  CHECK(sim_options_from(load({}), Runner::kInProcess).server.deadline_work);  // the default
   CHECK(sim_options_from(load({"server.work=deadline"}), Runner::kInProcess).server.deadline_work);
   CHECK_FALSE(
       sim_options_from(load({"server.work=fixed"}), Runner::kInProcess).server.deadline_work);
-  // sim.wall_deadline_ms would be ignored: refused.
-  CHECK_THROWS_WITH_AS(
-      sim_options_from(load({"server.work=deadline", "sim.wall_deadline_ms=5000"}),
-                       Runner::kInProcess),
-      doctest::Contains("sim.wall_deadline_ms does not apply with server.work = \"deadline\""),
-      ConfigError);
+  // Work is planned against the simulated deadline, rounds close at sim.wall_deadline_ms of host
+  // time: the two go together.
+  CHECK(sim_options_from(load({"server.work=deadline", "sim.wall_deadline_ms=5000"}),
+                         Runner::kInProcess)
+            .wall_deadline_ms == 5000);
   // Real processes run on real time: server.work goes to cohort-server, which sizes work to
   // server.round_deadline_ms itself; --processes has no use for sim.wall_deadline_ms.
   CHECK_NOTHROW(sim_options_from(load({"server.work=deadline", "sim.wall_deadline_ms=5000"}),

@@ -179,7 +179,7 @@ TEST_CASE("with a fixed profile the simulated round time is the closed form") {
   const Config config = make_config(
       dir, {"sim.clients=20", "server.clients_per_round=5", "server.rounds=2", "server.shards=2",
             "profile.gflops=2", "profile.uplink_mbps=4", "profile.downlink_mbps=8",
-            "profile.latency_ms=25", "server.round_deadline_ms=600000"});
+            "profile.latency_ms=25", "server.round_deadline_ms=600000", "server.work=fixed"});
   const Summary s = run(config);
   REQUIRE(s.committed == 2);
   const double p =
@@ -412,7 +412,7 @@ TEST_CASE("server.work = deadline sizes each virtual client's steps to the simul
     CHECK(s.committed == 3);
     const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
     REQUIRE(rounds.size() == 3);
-    // No profile yet: server.min_local_steps each.
+    // Nobody measured yet: server.min_local_steps each.
     CHECK(rounds[0]["local_steps_max"] == 1);
     for (std::size_t i = 1; i < rounds.size(); ++i) {
       CAPTURE(i);
@@ -420,13 +420,57 @@ TEST_CASE("server.work = deadline sizes each virtual client's steps to the simul
       CHECK(rounds[i]["completed"] == 10);
       CHECK(rounds[i]["local_steps_min"].get<std::uint64_t>() <
             rounds[i]["local_steps_max"].get<std::uint64_t>());
-      CHECK(rounds[i]["local_steps_max"].get<std::uint64_t>() <= 188);
+      CHECK(rounds[i]["local_steps_min"].get<std::uint64_t>() < 188);  // a slow device: less
+      CHECK(rounds[i]["local_steps_max"].get<std::uint64_t>() > 188);  // a fast one fills the round
+      CHECK(rounds[i]["local_steps_max"].get<std::uint64_t>() <= 4 * 188);  // the derived bound
       CHECK(rounds[i]["sim_round_seconds"].get<double>() <= 20.0);
     }
     CHECK(s.participation == std::vector<std::uint32_t>(10, 3));
   } else {
     // This server has no heterogeneity-aware work yet: the key is refused at start-up.
     CHECK_THROWS_AS((void)make_config(dir, overrides), ConfigError);
+  }
+}
+
+TEST_CASE("server.selection = speed_aware: over-selects new clients, then less; nobody starves") {
+  // 30 clients, 10 per round, server.overselect = 1.3: at most 13 selected. Devices from 0.005 to
+  // 0.1 GFLOP/s under a 20 s deadline with fixed work: the slowest third miss every round they
+  // are picked for, and still get picked.
+  test::TempDir dir;
+  const Summary s = run(make_config(
+      dir, {"sim.clients=30", "server.clients_per_round=10", "server.overselect=1.3",
+            "server.rounds=20", "server.selection=speed_aware", "server.work=fixed",
+            "profile.gflops=uniform:0.005:0.1", "profile.uplink_mbps=20",
+            "profile.downlink_mbps=100", "server.round_deadline_ms=20000", "server.eval_every=0"}));
+  CHECK(s.committed == 20);
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 20);
+  CHECK(rounds[0]["selected"] == 13);  // nobody's record yet: 1/2 each, the cap binds
+  std::uint64_t fewest = 13;
+  for (const auto& r : rounds) {
+    const auto n = r["selected"].get<std::uint64_t>();
+    CHECK(n >= 10);
+    CHECK(n <= 13);
+    fewest = std::min(fewest, n);
+  }
+  CHECK(fewest < 13);  // once records build up, fewer extra clients
+  for (auto n : s.selections) CHECK(n >= 2);
+  const auto summaries = records(dir.path() / "sim.jsonl", "sim_summary");
+  REQUIRE(summaries.size() == 1);
+  MESSAGE("selected per round: " << rounds[0]["selected"] << " first, " << fewest
+                                 << " fewest; participation_min "
+                                 << summaries[0]["participation_min"]);
+}
+
+TEST_CASE("server.selection other than uniform is refused with DP noise (the accountant's q)") {
+  test::TempDir dir;
+  for (const char* selection : {"weighted", "speed_aware"}) {
+    CAPTURE(selection);
+    const Config config = make_config(
+        dir, {"sim.clients=4", "server.clients_per_round=2", "server.rounds=1",
+              std::string("server.selection=") + selection, "dp.clip=1", "dp.noise_multiplier=1"});
+    CHECK_THROWS_WITH_AS((void)run(config), doctest::Contains("does not sample clients uniformly"),
+                         ConfigError);
   }
 }
 

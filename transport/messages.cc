@@ -89,6 +89,7 @@ struct Writer {
     r.setEvaluateOnly(m.evaluate_only);
     r.setMode(static_cast<wire::TrainingMode>(m.mode));
     r.setBatchSize(m.batch_size);
+    r.setCohortSize(m.cohort_size);
   }
   void operator()(const Pull& m) {
     auto p = b.initPull();
@@ -321,7 +322,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
           r.getModelVersion(),
           r.getEvaluateOnly(),
           checked_enum<TrainingMode>(static_cast<std::uint16_t>(r.getMode()), 3, "mode"),
-          r.getBatchSize()};
+          r.getBatchSize(),
+          r.getCohortSize()};
     }
     case wire::Envelope::Body::PULL: {
       auto p = b.getPull();

@@ -5,8 +5,10 @@
 // R is the first round whose test accuracy reaches --target and T the simulated seconds at its end
 // (both null when the run never reaches it); A is the last evaluation's accuracy; P the fewest
 // rounds any client's update was taken in (0: some device never contributed). Extra fields:
-// rounds, sim_seconds, never_participated, local_steps_mean (mean over rounds of the mean local
-// steps of the updates taken), target.
+// participation_min_20 (the same over the first 20 rounds, from the coordinator's "client"
+// records), time_vs_fixed (deadline lines: T over fixed's T for the same setting, when both reach
+// the target), rounds (200 unless --rounds), clients, sim_seconds, never_participated,
+// local_steps_mean (mean over rounds of the mean local steps of the updates taken), target.
 //
 // Data-parallel (setting dp_bsp_slow4x, with --dp or alone with --settings dp_bsp_slow4x): a real
 // cohort-server under BSP and three cohort-client workers on loopback (plaintext), each held by
@@ -137,6 +139,22 @@ std::vector<json> read_records(const fs::path& path) {
   return out;
 }
 
+// The fewest rounds among the first `first` in which a client's update counted, over all
+// `clients` clients, from the coordinator's "client" records (a client never selected: 0).
+std::uint64_t participation_min_within(const std::vector<json>& server_records,
+                                       std::uint64_t clients, std::uint64_t first) {
+  std::map<std::string, std::uint64_t> counted;
+  for (const auto& r : server_records) {
+    if (r.value("event", "") != "client") continue;
+    if (r["round_id"].get<std::uint64_t>() > first || !r["trained"].get<bool>()) continue;
+    ++counted[r["client"].get<std::string>()];
+  }
+  if (counted.size() < clients) return 0;
+  std::uint64_t fewest = UINT64_MAX;
+  for (const auto& [client, n] : counted) fewest = std::min(fewest, n);
+  return fewest;
+}
+
 // The JSON line of a finished run, from its metrics file; throws if the file lacks a record.
 Line result_line(const std::vector<json>& records, double target) {
   Line rounds_to = nullptr, time_to = nullptr;
@@ -166,6 +184,7 @@ Line result_line(const std::vector<json>& records, double target) {
   j["final_accuracy"] = final_accuracy >= 0 ? Line(final_accuracy) : Line(nullptr);
   j["participation_min"] = (*summary)["participation_min"];
   j["never_participated"] = (*summary)["never_participated"];
+  j["clients"] = (*summary)["clients"];
   j["rounds"] = rounds;
   j["sim_seconds"] = (*summary)["sim_seconds"];
   j["local_steps_mean"] =
@@ -316,7 +335,7 @@ int main(int argc, char** argv) {
       "client contributed to. A policy cohort-sim refuses is an error line, never a number."};
   std::vector<std::string> settings, policies{"fixed", "deadline"}, sets;
   double target = 0.85;
-  std::int64_t rounds = 0;
+  std::int64_t rounds = 200;
   bool quick = false, strict = false;
   std::string examples = COHORT_SOURCE_DIR "/examples/sim";
   std::string bin = (own_dir() / "cohort-sim").string();
@@ -328,8 +347,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--target", target, "test accuracy to reach")->capture_default_str();
-  app.add_option("--rounds", rounds, "override server.rounds (0: the file's)")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--rounds", rounds,
+                 "server.rounds of every run (0: the file's, 100; fixed work needs more than 100 "
+                 "rounds to reach 85% on compute_mlp)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--set", sets, "key=value passed to every run (repeatable)");
   app.add_option("--examples", examples, "folder of the configurations")->capture_default_str();
   app.add_option("--bin", bin, "the cohort-sim binary")->capture_default_str();
@@ -371,11 +393,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::vector<std::string> common{"--sim.csv_file=", "--sim.progress=false",
-                                  "--server.metrics_file="};
+  std::vector<std::string> common{"--sim.csv_file=", "--sim.progress=false"};
   if (quick) {
     common.push_back("--server.clients_per_round=5");
-    if (rounds == 0) rounds = 5;
+    if (app.count("--rounds") == 0) rounds = 5;
   }
   if (rounds > 0) common.push_back("--server.rounds=" + std::to_string(rounds));
   for (const auto& s : sets) common.push_back("--set=" + s);
@@ -402,6 +423,7 @@ int main(int argc, char** argv) {
               .rc == 0;
 
   int failures = 0;
+  std::map<std::string, Line> fixed_time;  // by setting: fixed's time_to_target_s
   for (const auto& s : chosen) {
     for (const auto& policy : policies) {
       Line line{{"bench", "hetero"}, {"setting", s.name}, {"policy", policy}};
@@ -410,7 +432,10 @@ int main(int argc, char** argv) {
       if (work_key || policy != "fixed") args.push_back("--server.work=" + policy);
       args.insert(args.end(), common.begin(), common.end());
       args.push_back("--sim.metrics_file=" + metrics.string());
+      const fs::path server_metrics = dir / (s.name + "_" + policy + "_server.jsonl");
+      args.push_back("--server.metrics_file=" + server_metrics.string());
       fs::remove(metrics);
+      fs::remove(server_metrics);
       const Outcome o = run_process(args, dir / (s.name + "_" + policy + ".log"));
       if (!work_key && policy == "fixed") line["server_work_key"] = false;
       if (o.rc != 0) {
@@ -422,6 +447,15 @@ int main(int argc, char** argv) {
       } else {
         try {
           line.update(result_line(read_records(metrics), target));
+          const auto clients = line.contains("clients") ? line["clients"].get<std::uint64_t>() : 0;
+          line["participation_min_20"] =
+              participation_min_within(read_records(server_metrics), clients, 20);
+          if (policy == "fixed") fixed_time[s.name] = line["time_to_target_s"];
+          if (policy == "deadline" && fixed_time.contains(s.name) &&
+              !fixed_time[s.name].is_null() && !line["time_to_target_s"].is_null()) {
+            line["time_vs_fixed"] =
+                line["time_to_target_s"].get<double>() / fixed_time[s.name].get<double>();
+          }
         } catch (const std::exception& e) {
           line["error"] = std::string("cannot read ") + metrics.string() + ": " + e.what();
           ++failures;

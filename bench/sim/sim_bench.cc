@@ -61,6 +61,9 @@ int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t
   overrides.insert(overrides.end(), common.begin(), common.end());
   // Benchmarks write no metrics files unless asked to (--set sim.metrics_file=...).
   overrides.insert(overrides.begin(), {"sim.metrics_file=", "sim.csv_file=", "sim.progress=false"});
+  // Every client runs train.epochs, as the peers' clients do (server.work = deadline would size
+  // the work per client; --set server.work=deadline measures that instead).
+  overrides.insert(overrides.begin(), "server.work=fixed");
   if (rounds > 0) overrides.push_back("server.rounds=" + std::to_string(rounds));
   cohort::Config config = cohort::Config::load(schema, run.file, overrides);
   const auto registries = cohort::builtin_registries();
@@ -86,8 +89,8 @@ int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t
       {"peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0},
       {"train_cpu_s_per_round", s.train_cpu_seconds / rounds_run},
       {"eval_cpu_s", s.eval_cpu_seconds},
-      {"overhead", s.round_wall_seconds > 0 ? std::max(0.0, 1.0 - compute / s.round_wall_seconds)
-                                            : 0.0},
+      {"overhead",
+       s.round_wall_seconds > 0 ? std::max(0.0, 1.0 - compute / s.round_wall_seconds) : 0.0},
       {"final_accuracy", s.final_accuracy},
       {"sim_seconds", s.sim_seconds}};
   std::fflush(stdout);
@@ -121,21 +124,24 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quick", quick,
                "smoke run: overhead_100 with 100 clients, 10 per round, 3 rounds");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     cohort::set_log_level(cohort::parse_log_level(log_level));
     std::vector<Run> runs;
     for (const auto& c : configs) runs.push_back({fs::path(c).stem().string(), c, {}});
     if (runs.empty() && quick) {
-      runs.push_back({"quick", fs::path(examples) / "overhead_100.toml",
+      runs.push_back({"quick",
+                      fs::path(examples) / "overhead_100.toml",
                       {"sim.clients=100", "server.clients_per_round=10", "server.min_updates=10",
                        "server.eval_every=0"}});
       if (rounds == 0) rounds = 3;
     } else if (runs.empty()) {
-      runs.push_back({"sim_10k_1000", fs::path(examples) / "sim_10k.toml",
-                      {"server.clients_per_round=800", "server.overselect=1.25",
-                       "server.min_updates=400"}});
+      runs.push_back(
+          {"sim_10k_1000",
+           fs::path(examples) / "sim_10k.toml",
+           {"server.clients_per_round=800", "server.overselect=1.25", "server.min_updates=400"}});
       runs.push_back({"sim_10k", fs::path(examples) / "sim_10k.toml", {}});
       runs.push_back({"overhead_100", fs::path(examples) / "overhead_100.toml", {}});
     }

@@ -31,7 +31,8 @@ std::vector<nlohmann::json> run_compressed(const std::vector<std::string>& compr
   Federation f(2, clients,
                {"--server.rounds=" + std::to_string(rounds), "--server.clients_per_round=3",
                 "--server.min_clients=3", "--model.spec=" + std::string(kModel), "--train.steps=40",
-                "--train.batch_size=32", "--train.lr=0.05", "--train.momentum=0.9"});
+                "--train.batch_size=32", "--train.lr=0.05", "--train.momentum=0.9",
+                "--server.work=fixed"});
   for (int i = 0; i < clients; ++i) f.client_extra[i] = compressor;
   f.start();
   REQUIRE(f.wait(120s) == 0);
@@ -48,6 +49,7 @@ std::vector<float> one_round(const std::vector<std::string>& server_extra,
   // A cohort is a federated round's: FedBuff refuses it (its clients are server.concurrency).
   if (std::find(server_extra.begin(), server_extra.end(), "--server.mode=fedbuff") == server_extra.end()) {
     args.push_back("--server.clients_per_round=3");
+    args.push_back("--server.work=fixed");  // every client runs train.steps, as FedBuff's do
   }
   args.insert(args.end(), server_extra.begin(), server_extra.end());
   Federation f(2, 3, args);
@@ -133,7 +135,7 @@ TEST_CASE("a malformed compressed push is refused with an ack; the round goes on
   Federation f(1, 2,
                {"--server.rounds=1", "--server.clients_per_round=2", "--server.min_clients=2",
                 "--server.min_updates=1", "--server.round_deadline_ms=30000",
-                "--model.spec=" + std::string(kModel), "--train.epochs=1"});
+                "--model.spec=" + std::string(kModel), "--train.epochs=1", "--server.work=fixed"});
   f.start_servers();
   f.start_client(0);
   transport::Context ctx;

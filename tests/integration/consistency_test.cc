@@ -70,11 +70,7 @@ TEST_CASE("BSP data-parallel equals a single-process run of the same steps") {
   CHECK(worst <= 1e-5);
 }
 
-// may_fail: issue 23's speed batches are unfinished. In one clean run of 7 this case differed by
-// 4.1e-4 (the others: 1.5e-8), so some step used other rows or batches than shard 0's dp_pull
-// records say; its failures are printed, not yet counted, until that is found.
-TEST_CASE("BSP with speed batches equals a single-process run over the same global batches" *
-          doctest::may_fail()) {
+TEST_CASE("BSP with speed batches equals a single-process run over the same global batches") {
   constexpr int kWorkers = 3, kSteps = 10, kBatch = 16;
   constexpr float kLr = 0.05f;
   Federation f(
@@ -175,11 +171,15 @@ TEST_CASE("SSP never lets a worker run more than s clocks ahead of the slowest")
 TEST_CASE("FedBuff with zero staleness and K = cohort size takes exactly a FedAvg step") {
   const std::vector<std::string> common{"--server.rounds=1", "--server.min_clients=3",
                                         "--server.eval_every=0", "--train.epochs=1"};
+  // FedAvg's clients run train.epochs as FedBuff's do (server.work = deadline would start them on
+  // server.min_local_steps).
   auto args = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), common.begin(), common.end());
     return extra;
   };
-  Federation avg(1, 3, args({"--server.mode=federated", "--server.clients_per_round=3"}));
+  Federation avg(
+      1, 3,
+      args({"--server.mode=federated", "--server.clients_per_round=3", "--server.work=fixed"}));
   avg.start();
   REQUIRE(avg.wait(180s) == 0);
   Federation buf(1, 3,

@@ -122,6 +122,7 @@ struct RoundStart {
   evaluateOnly @6 :Bool;    # evaluate the current model, do not train
   mode @7 :TrainingMode;
   batchSize @8 :UInt32;     # data-parallel: examples per step
+  cohortSize @9 :UInt32;    # federated: how many clients this round selected (0: not said)
 }
 
 enum TrainingMode {

@@ -37,4 +37,14 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx);
 
+// What cohort-sim changes in a shard it runs in its own process, past the keys the user sees.
+struct InProcessOverrides {
+  // > 0: server.work = deadline plans each client's work against this deadline (the simulated
+  // one, on the virtual clock its clients report in) while rounds close at
+  // server.round_deadline_ms of host time (sim.wall_deadline_ms).
+  std::int64_t plan_deadline_ms = 0;
+};
+int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+        transport::Context& ctx, const InProcessOverrides& overrides);
+
 }  // namespace cohort::server

@@ -93,6 +93,7 @@ struct RoundStart {
   bool evaluate_only = false;
   TrainingMode mode = TrainingMode::kFederated;
   std::uint32_t batch_size = 0;
+  std::uint32_t cohort_size = 0;  // federated: clients selected for the round (0: not said)
   bool operator==(const RoundStart&) const = default;
 };
 struct Pull {
