@@ -332,8 +332,8 @@ ConfigSchema config_schema() {
            "server.deadline_margin) x server.round_deadline_ms; ALGORITHMS.md 1.7) | fixed "
            "(every client runs train.epochs / train.steps)")
       .add("server.min_local_steps", std::int64_t{1},
-           "server.work = deadline: fewest local steps asked of a client, and what a client "
-           "without a measured profile gets")
+           "server.work = deadline: fewest local steps asked of a client, and what every client "
+           "gets before any has been measured (the first round)")
       .add("server.max_local_steps", std::int64_t{0},
            "server.work = deadline: most local steps asked of a client (0: four times the work "
            "server.work = fixed gives it: train.steps, else train.epochs x ceil(its samples / "
