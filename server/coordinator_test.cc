@@ -355,6 +355,14 @@ transport::ClientReport measured(float sps, std::uint32_t steps) {
                                                                  .up_seconds = 0.5f}}};
 }
 
+// Registers `clients`, starts round 1 and has each report it (one step) at its samples/s, with
+// measured()'s links. The next tick starts round 2.
+void measure_first_round(Fixture& f, const std::vector<std::pair<NodeId, float>>& clients) {
+  for (const auto& [id, sps] : clients) f.register_client(id);
+  f.coordinator->tick();
+  for (const auto& [id, sps] : clients) f.train(id, 1, measured(sps, 1));
+}
+
 // A fresh path in the temporary folder, removed with the object.
 struct TempFile {
   TempFile()
@@ -468,12 +476,8 @@ TEST_CASE("coordinator: a cohort that meets the deadline keeps the fixed work's 
   // fills the 3 s with 20 (below the derived bound, 4 x 10).
   Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
              "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
-  f.register_client("fast");
-  f.register_client("slower");
-  f.coordinator->tick();
+  measure_first_round(f, {{"fast", 100}, {"slower", 50}});
   CHECK(f.starts("fast")[0].local_steps == 1);  // server.work = deadline is the default
-  f.train("fast", 1, measured(100, 1));
-  f.train("slower", 1, measured(50, 1));
   f.coordinator->tick();
   REQUIRE(f.starts("fast").size() == 2);
   REQUIRE(f.starts("slower").size() == 2);
@@ -493,11 +497,8 @@ TEST_CASE("coordinator: a cohort that meets the deadline keeps the fixed work's 
 TEST_CASE("coordinator: a client too slow for the deadline plans the round to (1 - margin) D") {
   Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=2",
              "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
-  f.register_client("fast");
-  f.register_client("snail");
-  f.coordinator->tick();
-  f.train("fast", 1, measured(100, 1));
-  f.train("snail", 1, measured(5, 1));  // its fixed work: 1 s + 100 / 5 s = 21 s > 8 s
+  // The snail's fixed work: 1 s + 100 / 5 s = 21 s > 8 s.
+  measure_first_round(f, {{"fast", 100}, {"snail", 5}});
   f.coordinator->tick();
   REQUIRE(f.starts("fast").size() == 2);
   REQUIRE(f.starts("snail").size() == 2);
@@ -510,11 +511,7 @@ TEST_CASE("coordinator: a client too slow for the deadline plans the round to (1
 TEST_CASE("coordinator: a client registering into a measured fleet is planned with its slow end") {
   Fixture f({"server.mode=federated", "server.rounds=5", "server.clients_per_round=3",
              "server.min_clients=2", "server.round_deadline_ms=10000", "train.batch_size=10"});
-  f.register_client("fast");
-  f.register_client("slow");
-  f.coordinator->tick();
-  f.train("fast", 1, measured(100, 1));
-  f.train("slow", 1, measured(10, 1));
+  measure_first_round(f, {{"fast", 100}, {"slow", 10}});
   f.register_client("new");
   f.coordinator->tick();
   REQUIRE(f.starts("new").size() == 1);
