@@ -12,9 +12,13 @@
 namespace cohort {
 namespace {
 
-void* aligned_bytes(std::size_t bytes) {
+std::size_t aligned_size(std::size_t bytes) {
   const std::size_t rounded = (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
-  void* p = std::aligned_alloc(kBufferAlignment, std::max<std::size_t>(rounded, kBufferAlignment));
+  return std::max<std::size_t>(rounded, kBufferAlignment);
+}
+
+void* aligned_bytes(std::size_t bytes) {
+  void* p = std::aligned_alloc(kBufferAlignment, aligned_size(bytes));
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
@@ -28,11 +32,33 @@ std::size_t size_class(std::size_t bytes) {
 
 }  // namespace
 
-void FloatBuffer::Free::operator()(float* p) const noexcept { std::free(p); }
+void MemoryTracker::allocated(std::size_t bytes) noexcept {
+  const std::size_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  if (parent_ != nullptr) parent_->allocated(bytes);
+}
 
-FloatBuffer::FloatBuffer(std::size_t size) : size_(size) {
+void MemoryTracker::released(std::size_t bytes) noexcept {
+  current_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (parent_ != nullptr) parent_->released(bytes);
+}
+
+void FloatBuffer::Free::operator()(float* p) const noexcept {
+  std::free(p);
+  if (tracker != nullptr) tracker->released(bytes);
+}
+
+FloatBuffer::FloatBuffer(std::size_t size) : FloatBuffer(size, nullptr) {}
+
+FloatBuffer::FloatBuffer(std::size_t size, MemoryTracker* tracker)
+    : data_(nullptr, Free(tracker, 0)), size_(size) {
   if (size == 0) return;
-  data_.reset(static_cast<float*>(aligned_bytes(size * sizeof(float))));
+  const std::size_t bytes = aligned_size(size * sizeof(float));
+  data_ = std::unique_ptr<float[], Free>(static_cast<float*>(aligned_bytes(bytes)),
+                                         Free(tracker, bytes));
+  if (tracker != nullptr) tracker->allocated(bytes);
   std::memset(data_.get(), 0, size * sizeof(float));
 }
 
@@ -44,7 +70,7 @@ FloatBuffer FloatBuffer::clone() const { return FloatBuffer(span()); }
 
 void FloatBuffer::resize(std::size_t size) {
   if (size == size_) return;
-  FloatBuffer next(size);
+  FloatBuffer next(size, tracker());
   const std::size_t keep = std::min(size, size_);
   if (keep > 0) std::memcpy(next.data(), data(), keep * sizeof(float));
   *this = std::move(next);

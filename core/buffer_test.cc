@@ -35,6 +35,30 @@ TEST_CASE("a moved-from FloatBuffer is empty, so code that recycles it never see
   CHECK(c[5] == 2.0f);
 }
 
+TEST_CASE("a MemoryTracker counts what its buffers hold and the most they held at once") {
+  cohort::MemoryTracker tracker;
+  {
+    cohort::FloatBuffer a(100, &tracker);  // 400 bytes, rounded up to 448
+    CHECK(tracker.current() == 448);
+    cohort::FloatBuffer b(16, &tracker);
+    CHECK(tracker.current() == 448 + 64);
+    a.resize(1000);  // the new block is counted before the old one goes
+    CHECK(tracker.current() == 4032 + 64);
+    CHECK(tracker.peak() == 4032 + 448 + 64);
+    cohort::FloatBuffer moved = std::move(a);
+    CHECK(tracker.current() == 4032 + 64);
+    cohort::FloatBuffer untracked = moved.clone();
+    CHECK(tracker.current() == 4032 + 64);
+    tracker.reset_peak();
+    CHECK(tracker.peak() == 4032 + 64);
+  }
+  CHECK(tracker.current() == 0);
+  CHECK(tracker.peak() == 4032 + 64);
+  cohort::FloatBuffer empty(0, &tracker);
+  empty.resize(16);  // an empty tracked buffer stays tracked
+  CHECK(tracker.current() == 64);
+}
+
 TEST_CASE("BufferPool reuses blocks instead of allocating per request") {
   auto pool = cohort::BufferPool::create();
   const std::byte* first = nullptr;

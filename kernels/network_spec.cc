@@ -206,6 +206,13 @@ void NetworkSpec::initialize(std::uint64_t seed, std::span<float> params) const 
   }
 }
 
+void Network::set_micro_batch(std::size_t m) {
+  if (m != 0) {
+    throw KernelError("the " + device_name() +
+                      " device does not train in micro-batches (train.memory_budget needs cpu)");
+  }
+}
+
 void Network::set_parameters(std::span<const float> values) {
   detail::check_size("Network::set_parameters", values.size(), parameter_count());
   std::ranges::copy(values, parameters().begin());

@@ -56,10 +56,11 @@ class CpuNetwork final : public Network {
   CpuNetwork(const NetworkSpec& spec, ThreadPool* pool)
       : Network(spec),
         pool_(pool),
-        workspace_(pool != nullptr ? pool->size() : 1),
+        workspace_(pool != nullptr ? pool->size() : 1, &workspace_bytes_),
         exec_{pool, &workspace_},
-        params_(spec.parameter_count()),
-        grads_(spec.parameter_count()) {
+        params_(spec.parameter_count(), &parameter_bytes_),
+        grads_(spec.parameter_count(), &gradient_bytes_),
+        optimizer_state_(0, &optimizer_bytes_) {
     if (spec.layers().empty()) throw KernelError("network has no layers");
     const auto layers = spec.layers();
     bool nhwc = false;  // layout of the current activation
@@ -97,6 +98,7 @@ class CpuNetwork final : public Network {
           op.conv = conv_geometry(l);
           if (NhwcConv::supports(op.conv)) {
             op.fast_conv = std::make_unique<NhwcConv>(op.conv, NhwcConv::choose(op.conv));
+            op.fast_conv->set_tracker(&workspace_bytes_);
           }
           to_layout(op.fast_conv != nullptr, l.input);
           break;
@@ -125,6 +127,8 @@ class CpuNetwork final : public Network {
     masks_.resize(ops_.size());
     argmax_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
+    widest_ = output_size();
+    for (const Op& op : ops_) widest_ = std::max({widest_, op.in_size, op.out_size});
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -150,66 +154,95 @@ class CpuNetwork final : public Network {
                                  bool training) override {
     if (batch == 0) throw KernelError("forward: empty batch");
     detail::check_size("forward input", input.size(), batch * spec().input_shape().size());
-    reserve(batch);
     const float* x = input.data();
-    if (training) {
-      std::memcpy(input_.data(), input.data(), input.size_bytes());  // backward reads it
+    if (training) {  // backward reads the input after the caller's buffer may be gone: copy it
+      if (input_.size() < input.size()) {
+        input_ = FloatBuffer();
+        input_ = FloatBuffer(input.size(), &activation_bytes_);
+      }
+      std::memcpy(input_.data(), input.data(), input.size_bytes());
       x = input_.data();
     }
-    input_ptr_ = x;
-    for (std::size_t i = 0; i < ops_.size(); ++i) {
-      Op& op = ops_[i];
-      float* y = outputs_[i].data();
-      if (op.kind != OpKind::kLayer) {
-        const std::size_t plane = op.shape.height * op.shape.width;
-        if (op.kind == OpKind::kToNhwc) {
-          nchw_to_nhwc(exec_, x, y, batch, op.shape.channels, plane);
-        } else {
-          nhwc_to_nchw(exec_, x, y, batch, op.shape.channels, plane);
-        }
-        out_ptrs_[i] = y;
-        x = y;
-        continue;
-      }
-      const LayerSpec& l = *op.layer;
-      const float* w = params_.data() + l.weight_offset;
-      const float* b = params_.data() + l.bias_offset;
-      switch (l.kind) {
-        case LayerKind::kLinear:
-          linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
-          break;
-        case LayerKind::kConv2d:
-          if (op.fast_conv != nullptr) {
-            op.fast_conv->forward(exec_, x, w, b, y, batch, op.relu);
-          } else {
-            conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
-          }
-          break;
-        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
-        case LayerKind::kMaxPool2d:
-          if (op.nhwc) {
-            maxpool2d_forward_nhwc(exec_, x, y, argmax_[i].data(), batch, op.pool);
-          } else {
-            maxpool2d_forward(exec_, x, y, argmax_[i].data(), batch, op.pool);
-          }
-          break;
-        case LayerKind::kDropout:
-          if (training && l.drop_probability > 0.0f) {
-            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
-                            detail::dropout_key(seed_, dropout_calls_, op.index));
-          } else {
-            y = const_cast<float*>(x);  // identity: pass the input through, never written
-          }
-          break;
-        case LayerKind::kFlatten: break;
-      }
-      out_ptrs_[i] = y;
-      x = y;
-    }
+    const std::span<const float> logits = run_forward(x, batch, training, 0);
     if (training) ++dropout_calls_;
-    batch_ = batch;
-    trained_forward_ = training;
-    return {x, batch * output_size()};
+    return logits;
+  }
+
+  float compute_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
+                          std::size_t batch) override {
+    if (batch == 0) throw KernelError("compute_gradients: empty batch");
+    const std::size_t d = spec().input_shape().size(), c = output_size();
+    detail::check_size("compute_gradients input", input.size(), batch * d);
+    detail::check_size("compute_gradients labels", labels.size(), batch);
+    const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
+    const bool accumulate = m < batch;
+    if (accumulate && accumulator_.size() != grads_.size()) {
+      accumulator_ = FloatBuffer(grads_.size(), &gradient_bytes_);
+    }
+    double loss_sum = 0.0;
+    for (std::size_t first = 0; first < batch; first += m) {
+      const std::size_t b = std::min(m, batch - first);
+      // The input outlives backward (it is the caller's, for this call): no copy.
+      const auto logits = run_forward(input.data() + first * d, b, /*training=*/true, first);
+      const std::span<float> dlogits = dlogits_.span().subspan(0, b * c);
+      const float loss = softmax_cross_entropy(logits, labels.subspan(first, b), c, dlogits);
+      loss_sum += static_cast<double>(loss) * static_cast<double>(b);
+      if (accumulate) {  // d(mean over the batch) = (b / batch) d(mean over the micro-batch)
+        const float scale = static_cast<float>(b) / static_cast<float>(batch);
+        for (float& g : dlogits) g *= scale;
+      }
+      backward(dlogits);
+      if (!accumulate) break;
+      if (first == 0) {
+        std::swap(grads_, accumulator_);
+      } else {
+        add_gradients_to_accumulator();
+      }
+    }
+    if (accumulate) std::swap(grads_, accumulator_);
+    ++dropout_calls_;  // one step: the micro-batches shared its dropout stream
+    return static_cast<float>(loss_sum / static_cast<double>(batch));
+  }
+
+  void set_micro_batch(std::size_t m) override {
+    micro_batch_ = m;
+    if (m == 0) accumulator_ = FloatBuffer(0, &gradient_bytes_);
+  }
+  std::size_t micro_batch() const override { return micro_batch_; }
+
+  void release_batch_buffers() override {
+    for (auto& b : outputs_) b = FloatBuffer();
+    for (auto& b : masks_) b = FloatBuffer();
+    for (auto& b : argmax_) b = FloatBuffer();
+    input_ = FloatBuffer();
+    grad_a_ = FloatBuffer();
+    grad_b_ = FloatBuffer();
+    dlogits_ = FloatBuffer();
+    output_capacity_ = training_capacity_ = 0;
+    trained_forward_ = false;
+    // The kernels' scratch: a fresh workspace; convolutions keep theirs (sized for one batch).
+    workspace_ = Workspace(pool_ != nullptr ? pool_->size() : 1, &workspace_bytes_);
+  }
+
+  MemoryReport memory() const override {
+    const auto now = [](const MemoryTracker& t) { return t.current(); };
+    const auto top = [](const MemoryTracker& t) { return t.peak(); };
+    const auto use = [&](auto&& f) {
+      return MemoryUse{.parameters = f(parameter_bytes_),
+                       .gradients = f(gradient_bytes_),
+                       .optimizer = f(optimizer_bytes_),
+                       .activations = f(activation_bytes_),
+                       .workspace = f(workspace_bytes_),
+                       .total = f(total_bytes_)};
+    };
+    return {.tracked = true, .current = use(now), .peak = use(top)};
+  }
+
+  void reset_memory_peak() override {
+    for (MemoryTracker* t : {&parameter_bytes_, &gradient_bytes_, &optimizer_bytes_,
+                             &activation_bytes_, &workspace_bytes_, &total_bytes_}) {
+      t->reset_peak();
+    }
   }
 
   void backward(std::span<const float> dlogits) override {
@@ -258,9 +291,9 @@ class CpuNetwork final : public Network {
         case LayerKind::kMaxPool2d:
           if (want_dx == nullptr) break;
           if (op.nhwc) {
-            maxpool2d_backward_nhwc(exec_, dy, argmax_[i].data(), want_dx, n, op.pool, pool_y);
+            maxpool2d_backward_nhwc(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
           } else {
-            maxpool2d_backward(exec_, dy, argmax_[i].data(), want_dx, n, op.pool, pool_y);
+            maxpool2d_backward(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
           }
           break;
         case LayerKind::kDropout:
@@ -281,7 +314,9 @@ class CpuNetwork final : public Network {
   void set_optimizer(const OptimizerOptions& options) override {
     validate(options);
     optimizer_ = options;
-    optimizer_state_ = FloatBuffer(parameter_count() * state_floats_per_parameter(options));
+    optimizer_state_ = FloatBuffer(0, &optimizer_bytes_);
+    optimizer_state_ =
+        FloatBuffer(parameter_count() * state_floats_per_parameter(options), &optimizer_bytes_);
     optimizer_steps_ = 0;
   }
 
@@ -321,10 +356,7 @@ class CpuNetwork final : public Network {
                    std::size_t batch) override {
     detail::check_size("train_step labels", labels.size(), batch);
     if (!optimizer_) throw KernelError("train_step: no optimizer set (call set_optimizer first)");
-    const std::span<const float> logits = forward(input, batch, /*training=*/true);
-    const std::span<float> dlogits = dlogits_.span().subspan(0, logits.size());
-    const float loss = softmax_cross_entropy(logits, labels, output_size(), dlogits);
-    backward(dlogits);
+    const float loss = compute_gradients(input, labels, batch);
     step();
     return loss;
   }
@@ -332,32 +364,141 @@ class CpuNetwork final : public Network {
   Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
                       std::size_t batch) override {
     detail::check_size("evaluate labels", labels.size(), batch);
-    const std::span<const float> logits = forward(input, batch, /*training=*/false);
-    const float loss = softmax_cross_entropy(logits, labels, output_size());
-    return {.loss_sum = static_cast<double>(loss) * static_cast<double>(batch),
-            .correct = count_correct(logits, labels, output_size()),
-            .count = batch};
+    if (batch == 0) throw KernelError("evaluate: empty batch");
+    detail::check_size("evaluate input", input.size(), batch * spec().input_shape().size());
+    const std::size_t d = spec().input_shape().size();
+    const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
+    Evaluation e{.count = batch};
+    for (std::size_t first = 0; first < batch; first += m) {
+      const std::size_t b = std::min(m, batch - first);
+      const auto logits = run_forward(input.data() + first * d, b, /*training=*/false, 0);
+      const auto y = labels.subspan(first, b);
+      const float loss = softmax_cross_entropy(logits, y, output_size());
+      e.loss_sum += static_cast<double>(loss) * static_cast<double>(b);
+      e.correct += count_correct(logits, y, output_size());
+    }
+    return e;
   }
 
  private:
-  // Grows every per-batch buffer to hold `batch` samples; no-op once large enough.
-  void reserve(std::size_t batch) {
-    if (batch <= capacity_) return;
-    std::size_t widest = output_size();
+  // The forward pass of `batch` samples starting at x. training: keep what backward needs and
+  // apply dropout, drawing masks for samples first_sample.. of the current step's stream.
+  std::span<const float> run_forward(const float* x, std::size_t batch, bool training,
+                                     std::size_t first_sample) {
+    reserve_outputs(batch);
+    if (training) reserve_training(batch);
+    input_ptr_ = x;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      Op& op = ops_[i];
+      float* y = outputs_[i].data();
+      if (op.kind != OpKind::kLayer) {
+        const std::size_t plane = op.shape.height * op.shape.width;
+        if (op.kind == OpKind::kToNhwc) {
+          nchw_to_nhwc(exec_, x, y, batch, op.shape.channels, plane);
+        } else {
+          nhwc_to_nchw(exec_, x, y, batch, op.shape.channels, plane);
+        }
+        out_ptrs_[i] = y;
+        x = y;
+        continue;
+      }
+      const LayerSpec& l = *op.layer;
+      const float* w = params_.data() + l.weight_offset;
+      const float* b = params_.data() + l.bias_offset;
+      switch (l.kind) {
+        case LayerKind::kLinear:
+          linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
+          break;
+        case LayerKind::kConv2d:
+          if (op.fast_conv != nullptr) {
+            op.fast_conv->forward(exec_, x, w, b, y, batch, op.relu);
+          } else {
+            conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
+          }
+          break;
+        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
+        case LayerKind::kMaxPool2d:
+          if (op.nhwc) {
+            maxpool2d_forward_nhwc(exec_, x, y, argmax(i), batch, op.pool);
+          } else {
+            maxpool2d_forward(exec_, x, y, argmax(i), batch, op.pool);
+          }
+          break;
+        case LayerKind::kDropout:
+          if (training && l.drop_probability > 0.0f) {
+            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
+                            detail::dropout_key(seed_, dropout_calls_, op.index),
+                            first_sample * op.out_size);
+          } else {
+            y = const_cast<float*>(x);  // identity: pass the input through, never written
+          }
+          break;
+        case LayerKind::kFlatten: break;
+      }
+      out_ptrs_[i] = y;
+      x = y;
+    }
+    batch_ = batch;
+    trained_forward_ = training;
+    return {x, batch * output_size()};
+  }
+
+  void add_gradients_to_accumulator() {
+    float* acc = accumulator_.data();
+    const float* g = grads_.data();
+    detail::parallel_ranges(pool_, grads_.size(), kOptimizerGrain,
+                            [&](std::size_t b, std::size_t e) {
+                              for (std::size_t i = b; i < e; ++i) acc[i] += g[i];
+                            });
+  }
+
+  std::int32_t* argmax(std::size_t op) {
+    static_assert(sizeof(std::int32_t) == sizeof(float));
+    return reinterpret_cast<std::int32_t*>(argmax_[op].data());  // storage only, never a float
+  }
+
+  // Grows the buffers a forward pass writes (layer outputs, argmax) to `batch` samples. An old
+  // buffer is freed before its successor is made, so growing never holds both.
+  void reserve_outputs(std::size_t batch) {
+    if (batch <= output_capacity_) return;
     for (std::size_t i = 0; i < ops_.size(); ++i) {
       const Op& op = ops_[i];
-      widest = std::max({widest, op.in_size, op.out_size});
-      outputs_[i] = FloatBuffer(batch * op.out_size);
-      if (op.layer == nullptr) continue;
-      if (op.layer->kind == LayerKind::kDropout) masks_[i] = FloatBuffer(batch * op.out_size);
-      if (op.layer->kind == LayerKind::kMaxPool2d) argmax_[i].assign(batch * op.out_size, 0);
+      outputs_[i] = FloatBuffer();
+      outputs_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+      if (op.layer != nullptr && op.layer->kind == LayerKind::kMaxPool2d) {
+        argmax_[i] = FloatBuffer();
+        argmax_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+      }
     }
-    input_ = FloatBuffer(batch * spec().input_shape().size());
-    grad_a_ = FloatBuffer(batch * widest);
-    grad_b_ = FloatBuffer(batch * widest);
-    dlogits_ = FloatBuffer(batch * output_size());
-    capacity_ = batch;
+    output_capacity_ = batch;
   }
+
+  // Grows what only training needs: dropout masks, activation gradients, logit gradients.
+  void reserve_training(std::size_t batch) {
+    if (batch <= training_capacity_) return;
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      const Op& op = ops_[i];
+      if (op.layer != nullptr && op.layer->kind == LayerKind::kDropout) {
+        masks_[i] = FloatBuffer();
+        masks_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+      }
+    }
+    grad_a_ = FloatBuffer();
+    grad_a_ = FloatBuffer(batch * widest_, &activation_bytes_);
+    grad_b_ = FloatBuffer();
+    grad_b_ = FloatBuffer(batch * widest_, &activation_bytes_);
+    dlogits_ = FloatBuffer();
+    dlogits_ = FloatBuffer(batch * output_size(), &activation_bytes_);
+    training_capacity_ = batch;
+  }
+
+  // Trackers first: they outlive every buffer below. Each kind counts into the total.
+  MemoryTracker total_bytes_;
+  MemoryTracker parameter_bytes_{&total_bytes_};
+  MemoryTracker gradient_bytes_{&total_bytes_};
+  MemoryTracker optimizer_bytes_{&total_bytes_};
+  MemoryTracker activation_bytes_{&total_bytes_};
+  MemoryTracker workspace_bytes_{&total_bytes_};
 
   ThreadPool* pool_;
   Workspace workspace_;
@@ -366,14 +507,20 @@ class CpuNetwork final : public Network {
   FloatBuffer grads_;
   std::vector<Op> ops_;
 
-  // Per-batch buffers, sized for capacity_ samples.
-  std::size_t capacity_ = 0;
-  FloatBuffer input_;                              // copy of a training forward's input
-  std::vector<FloatBuffer> outputs_;               // per op
-  std::vector<FloatBuffer> masks_;                 // dropout ops
-  std::vector<std::vector<std::int32_t>> argmax_;  // maxpool ops
-  FloatBuffer grad_a_, grad_b_;                    // activation gradients, ping-pong
+  std::size_t widest_ = 0;  // floats per sample of the widest activation
+
+  // Per-batch buffers: outputs for output_capacity_ samples, the rest for training_capacity_.
+  std::size_t output_capacity_ = 0;
+  std::size_t training_capacity_ = 0;
+  FloatBuffer input_;                 // copy of a public training forward's input
+  std::vector<FloatBuffer> outputs_;  // per op
+  std::vector<FloatBuffer> masks_;    // dropout ops
+  std::vector<FloatBuffer> argmax_;   // maxpool ops: int32 indices (see argmax())
+  FloatBuffer grad_a_, grad_b_;       // activation gradients, ping-pong
   FloatBuffer dlogits_;
+
+  std::size_t micro_batch_ = 0;  // 0: whole batches
+  FloatBuffer accumulator_;      // micro-batching: the gradient summed so far
 
   // State of the last forward.
   const float* input_ptr_ = nullptr;

@@ -174,12 +174,16 @@ void col2im(const float* dcols, std::size_t ld, const ConvGeometry& g, float* dx
 
 }  // namespace
 
-Workspace::Workspace(std::size_t parts) : slots_(std::max<std::size_t>(parts, 1)) {}
+Workspace::Workspace(std::size_t parts, MemoryTracker* tracker)
+    : slots_(std::max<std::size_t>(parts, 1)), tracker_(tracker) {}
 
 float* Workspace::floats(std::size_t part, std::size_t slot, std::size_t count) {
   COHORT_CHECK(part < slots_.size() && slot < kSlots) << "workspace part " << part;
   FloatBuffer& buffer = slots_[part][slot];
-  if (buffer.size() < count) buffer = FloatBuffer(count);
+  if (buffer.size() < count) {
+    buffer = FloatBuffer();  // the old block goes first: the peak is the larger block alone
+    buffer = FloatBuffer(count, tracker_);
+  }
   return buffer.data();
 }
 
@@ -754,10 +758,10 @@ void nhwc_to_nchw(Exec& exec, const float* x, float* y, std::size_t n, std::size
 }
 
 void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
-                     std::uint64_t key) {
+                     std::uint64_t key, std::uint64_t first) {
   const float keep_scale = 1.0f / (1.0f - p);
   for (std::size_t i = 0; i < count; ++i) {
-    mask[i] = detail::counter_uniform(key, i) < p ? 0.0f : keep_scale;
+    mask[i] = detail::counter_uniform(key, first + i) < p ? 0.0f : keep_scale;
     y[i] = x[i] * mask[i];
   }
 }

@@ -27,7 +27,8 @@ namespace cohort::kernels::cpu {
 // part p. Not thread-safe otherwise.
 class Workspace {
  public:
-  explicit Workspace(std::size_t parts = 1);
+  // Buffers report to tracker when it is not null.
+  explicit Workspace(std::size_t parts = 1, MemoryTracker* tracker = nullptr);
   // A buffer of at least count floats, contents unspecified; stable until the next call with the
   // same (part, slot) and a larger count.
   float* floats(std::size_t part, std::size_t slot, std::size_t count);
@@ -37,6 +38,7 @@ class Workspace {
 
  private:
   std::vector<std::array<FloatBuffer, kSlots>> slots_;
+  MemoryTracker* tracker_;
 };
 
 struct Exec {
@@ -103,10 +105,10 @@ void nchw_to_nhwc(Exec& exec, const float* x, float* y, std::size_t n, std::size
 void nhwc_to_nchw(Exec& exec, const float* x, float* y, std::size_t n, std::size_t channels,
                   std::size_t plane);
 
-// mask[i] = 0 with probability p (drawn from counter_uniform(key, i)), else 1 / (1 - p);
-// y = x * mask.
+// mask[i] = 0 with probability p (drawn from counter_uniform(key, first + i)), else
+// 1 / (1 - p); y = x * mask. first > 0: these elements continue a longer draw (a micro-batch).
 void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
-                     std::uint64_t key);
+                     std::uint64_t key, std::uint64_t first = 0);
 // dx = dy * mask; dx may alias dy.
 void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count);
 

@@ -78,20 +78,35 @@ NhwcConv::NhwcConv(const ConvGeometry& g, Algorithm algorithm) : g_(g), algorith
   }
 }
 
+void NhwcConv::set_tracker(MemoryTracker* tracker) {
+  tracker_ = tracker;
+  for (FloatBuffer* b : {&wpack_, &wpack_t_, &bias_}) {
+    if (b->empty()) *b = FloatBuffer(0, tracker);
+  }
+}
+
 void NhwcConv::reserve(std::size_t n, std::size_t parts) {
   const std::size_t ci = g_.in_channels, co = g_.out_channels;
   if (n > capacity_) {
-    // Fresh (zeroed) buffers: only interiors are ever written, so the borders stay zero.
-    xp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack);
+    // Fresh (zeroed) buffers: only interiors are ever written, so the borders stay zero. The old
+    // ones go first, so that growing never holds both.
+    xp_ = FloatBuffer();
+    dyp_ = FloatBuffer();
+    dxp_ = FloatBuffer();
+    xp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack, tracker_);
     if (algorithm_ == Algorithm::kDirect) {
       const std::size_t q = g_.kernel - 1 - g_.padding;
-      dyp_ = FloatBuffer(n * (g_.out_height + 2 * q) * (g_.out_width + 2 * q) * co + kSlack);
+      dyp_ =
+          FloatBuffer(n * (g_.out_height + 2 * q) * (g_.out_width + 2 * q) * co + kSlack, tracker_);
     } else {
-      dxp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack);
+      dxp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack, tracker_);
     }
     capacity_ = n;
   }
-  if (parts_.size() < parts) parts_.resize(parts);
+  while (parts_.size() < parts) {
+    Part& p = parts_.emplace_back();
+    for (FloatBuffer* b : {&p.v, &p.mz, &p.dv, &p.dw, &p.db}) *b = FloatBuffer(0, tracker_);
+  }
 }
 
 void NhwcConv::pad_input(Exec& exec, const float* x, std::size_t n) {
@@ -359,6 +374,7 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
 NhwcConv::NhwcConv(const ConvGeometry& g, Algorithm algorithm) : g_(g), algorithm_(algorithm) {
   throw KernelError("nhwc conv2d needs AVX2 and FMA");
 }
+void NhwcConv::set_tracker(MemoryTracker*) {}
 void NhwcConv::reserve(std::size_t, std::size_t) {}
 void NhwcConv::pad_input(Exec&, const float*, std::size_t) {}
 void NhwcConv::forward(Exec&, const float*, const float*, const float*, float*, std::size_t, bool) {

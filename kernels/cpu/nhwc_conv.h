@@ -42,6 +42,8 @@ class NhwcConv {
   NhwcConv& operator=(NhwcConv&&) noexcept;
 
   [[nodiscard]] Algorithm algorithm() const { return algorithm_; }
+  // Every buffer made from now on reports to tracker (call before the first forward()).
+  void set_tracker(MemoryTracker* tracker);
 
   // y = conv(x, w) + b, then max(0, .) when relu.
   void forward(Exec& exec, const float* x, const float* w, const float* b, float* y, std::size_t n,
@@ -84,6 +86,7 @@ class NhwcConv {
   std::vector<std::int32_t> positions_;    // direct: input offset of each output position
   std::vector<std::int32_t> positions_t_;  // direct: dy offset of each input position
   std::vector<Part> parts_;
+  MemoryTracker* tracker_ = nullptr;
 };
 
 }  // namespace cohort::kernels::cpu

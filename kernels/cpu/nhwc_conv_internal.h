@@ -222,8 +222,12 @@ inline TileAt tile_at(std::size_t t, std::size_t tiles_y, std::size_t tiles_x) {
 
 inline std::size_t round_up(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
+// Keeps the buffer's MemoryTracker.
 inline void grow(FloatBuffer& buffer, std::size_t count) {
-  if (buffer.size() < count) buffer = FloatBuffer(count);
+  if (buffer.size() >= count) return;
+  MemoryTracker* tracker = buffer.tracker();
+  buffer = FloatBuffer();
+  buffer = FloatBuffer(count, tracker);
 }
 
 // Panel width for c GEMM columns: 16 (two vectors) unless 8 covers them.

@@ -195,22 +195,13 @@ class CudaNetwork final : public Network {
 
   float train_step(std::span<const float> input, std::span<const std::int32_t> labels,
                    std::size_t batch) override {
-    detail::check_size("train_step labels", labels.size(), batch);
     if (!optimizer_) throw KernelError("train_step: no optimizer set (call set_optimizer first)");
-    check_labels(labels);
-    DeviceGuard guard(ordinal_);
-    const float* logits = forward_device(input, batch, /*training=*/true);
-    copy_to_device(labels_.data(), labels.data(), batch);
-    softmax_cross_entropy(logits, labels_.data(), losses_.data(), grad_a_.data(), to_int(batch),
-                          to_int(output_size()), stream());
-    backward_device();
-    step_device();
-    COHORT_CUDA_CHECK(cudaMemcpyAsync(losses_host_.data(), losses_.data(), batch * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream()));
-    stream_->synchronize();
-    double total = 0.0;
-    for (std::size_t i = 0; i < batch; ++i) total += losses_host_[i];
-    return static_cast<float>(total / static_cast<double>(batch));
+    return loss_and_gradients(input, labels, batch, /*step=*/true);
+  }
+
+  float compute_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
+                          std::size_t batch) override {
+    return loss_and_gradients(input, labels, batch, /*step=*/false);
   }
 
   Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
@@ -224,6 +215,26 @@ class CudaNetwork final : public Network {
   }
 
  private:
+  // forward(training) + mean softmax cross-entropy + backward (+ step); returns the mean loss.
+  float loss_and_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
+                           std::size_t batch, bool step) {
+    detail::check_size("train_step labels", labels.size(), batch);
+    check_labels(labels);
+    DeviceGuard guard(ordinal_);
+    const float* logits = forward_device(input, batch, /*training=*/true);
+    copy_to_device(labels_.data(), labels.data(), batch);
+    softmax_cross_entropy(logits, labels_.data(), losses_.data(), grad_a_.data(), to_int(batch),
+                          to_int(output_size()), stream());
+    backward_device();
+    if (step) step_device();
+    COHORT_CUDA_CHECK(cudaMemcpyAsync(losses_host_.data(), losses_.data(), batch * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream()));
+    stream_->synchronize();
+    double total = 0.0;
+    for (std::size_t i = 0; i < batch; ++i) total += losses_host_[i];
+    return static_cast<float>(total / static_cast<double>(batch));
+  }
+
   cudaStream_t stream() const { return stream_->get(); }
 
   void copy_to_device(void* dst, const void* src, std::size_t count_floats) {

@@ -7,6 +7,7 @@
 // docs/PERFORMANCE.md 3.1).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,12 +21,42 @@ namespace cohort {
 // Alignment of every buffer: one cache line, and enough for AVX-512 loads.
 inline constexpr std::size_t kBufferAlignment = 64;
 
+// Counts the bytes held by the buffers made with it (FloatBuffer's tracked constructor): what is
+// held now and the most held at once since construction or the last reset_peak(). Bytes are the
+// allocation's, rounded up to kBufferAlignment. Thread-safe: buffers of one tracker may be made
+// and freed on several threads. Must outlive every buffer made with it. A tracker made with a
+// parent also counts everything into the parent (e.g. one tracker per kind of memory, and one
+// for their sum, whose peak is the peak of the sum, not the sum of the peaks).
+class MemoryTracker {
+ public:
+  MemoryTracker() = default;
+  explicit MemoryTracker(MemoryTracker* parent) : parent_(parent) {}
+  MemoryTracker(const MemoryTracker&) = delete;
+  MemoryTracker& operator=(const MemoryTracker&) = delete;
+
+  void allocated(std::size_t bytes) noexcept;
+  void released(std::size_t bytes) noexcept;
+  [[nodiscard]] std::size_t current() const noexcept {
+    return current_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::size_t peak() const noexcept { return peak_.load(std::memory_order_relaxed); }
+  // Starts a new high-water mark at what is held now (e.g. at the start of a round).
+  void reset_peak() noexcept { peak_.store(current(), std::memory_order_relaxed); }
+
+ private:
+  MemoryTracker* parent_ = nullptr;
+  std::atomic<std::size_t> current_{0};
+  std::atomic<std::size_t> peak_{0};
+};
+
 // An owning, 64-byte aligned, zero-initialised float array. Move-only; a moved-from buffer is
-// empty. Not thread-safe.
+// empty. Not thread-safe. A buffer made with a MemoryTracker reports its bytes to it while it
+// lives (resize() keeps the tracker; clone() makes an untracked copy).
 class FloatBuffer {
  public:
   FloatBuffer() = default;
   explicit FloatBuffer(std::size_t size);
+  FloatBuffer(std::size_t size, MemoryTracker* tracker);
   FloatBuffer(std::span<const float> values);  // NOLINT: copies
   FloatBuffer(FloatBuffer&& other) noexcept
       : data_(std::move(other.data_)), size_(std::exchange(other.size_, 0)) {}
@@ -45,6 +76,8 @@ class FloatBuffer {
   [[nodiscard]] std::size_t size() const { return size_; }
   [[nodiscard]] std::size_t bytes() const { return size_ * sizeof(float); }
   [[nodiscard]] bool empty() const { return size_ == 0; }
+  // The tracker this buffer reports to (nullptr: untracked).
+  [[nodiscard]] MemoryTracker* tracker() const { return data_.get_deleter().tracker; }
   float* data() { return data_.get(); }
   const float* data() const { return data_.get(); }
   float& operator[](std::size_t i) { return data_[i]; }
@@ -60,6 +93,10 @@ class FloatBuffer {
 
  private:
   struct Free {
+    Free() noexcept : tracker(nullptr), bytes(0) {}
+    Free(MemoryTracker* t, std::size_t b) noexcept : tracker(t), bytes(b) {}
+    MemoryTracker* tracker;
+    std::size_t bytes;  // counted in tracker
     void operator()(float* p) const noexcept;
   };
   std::unique_ptr<float[], Free> data_;

@@ -126,6 +126,27 @@ struct Evaluation {
   std::size_t count = 0;
 };
 
+// Bytes a Network holds, by kind. In a peak, each kind is its own high-water mark and total is
+// the high-water mark of the sum (at most the sum of the kinds' peaks).
+struct MemoryUse {
+  std::size_t parameters = 0;   // the parameter vector
+  std::size_t gradients = 0;    // the gradient vector, and the accumulator when micro-batching
+  std::size_t optimizer = 0;    // momentum, Adam moments
+  std::size_t activations = 0;  // per-batch buffers: layer outputs kept for backward, dropout
+                                // masks, max-pool argmax, activation gradients, logit gradients
+  std::size_t workspace = 0;    // kernel scratch: GEMM panels, padded conv inputs, transforms
+  std::size_t total = 0;
+};
+
+// What a Network measured of its own allocations: every buffer it and its kernels allocate goes
+// through a tracking allocator (cohort::MemoryTracker). tracked is false on devices that do not
+// count (then the figures are zero).
+struct MemoryReport {
+  bool tracked = false;
+  MemoryUse current;
+  MemoryUse peak;  // since construction or the last reset_memory_peak()
+};
+
 // A NetworkSpec instantiated on a Device, with its parameters, gradients, activations and
 // optimizer state. Made by Device::make_network(); the Device must outlive it.
 //
@@ -196,8 +217,28 @@ class Network {
 
   // forward(training) + mean softmax cross-entropy + backward + step(); returns the mean loss.
   // The fast path: on CUDA nothing but the input, labels and the loss crosses the bus.
+  // With a micro-batch set, the same as compute_gradients() + step().
   virtual float train_step(std::span<const float> input, std::span<const std::int32_t> labels,
                            std::size_t batch) = 0;
+  // forward(training) + mean softmax cross-entropy + backward over the whole batch, leaving the
+  // gradient of the batch's mean loss in gradients() (for a trainer that edits it before step());
+  // returns the mean loss. With a micro-batch m set (set_micro_batch), the batch runs as
+  // ceil(batch / m) micro-batches of at most m samples whose gradients are accumulated: the
+  // result equals the full batch's up to float rounding, dropout included (every micro-batch of
+  // a step draws its samples' masks from the step's stream, as the full batch would), and the
+  // activation memory is that of m samples. input must stay valid for the call only.
+  virtual float compute_gradients(std::span<const float> input,
+                                  std::span<const std::int32_t> labels, std::size_t batch) = 0;
+  // 0 (the default): whole batches. m > 0: compute_gradients, train_step and evaluate run at most
+  // m samples at a time. KernelError on devices that cannot (CUDA today).
+  virtual void set_micro_batch(std::size_t m);
+  [[nodiscard]] virtual std::size_t micro_batch() const { return 0; }
+  // Releases the per-batch buffers (activations, workspace), which grow to the largest batch
+  // seen; the next call allocates what it needs. No-op on devices that do not track memory.
+  virtual void release_batch_buffers() {}
+
+  [[nodiscard]] virtual MemoryReport memory() const { return {}; }
+  virtual void reset_memory_peak() {}
   // forward(training = false) + loss and argmax accuracy; touches no gradient or state.
   virtual Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
                               std::size_t batch) = 0;
