@@ -6,11 +6,32 @@
 #include "cohort/client/peer.h"
 #include "cohort/core/cli.h"
 #include "cohort/core/error.h"
+#include "cohort/kernels/device.h"
+#include "cohort/kernels/memory_plan.h"
+#include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/allocator.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop.store(true); }
+// --print-plan: the measured memory model of `model` on this device and the plan for
+// client.memory_budget, without joining anything.
+int print_plan(const cohort::client::ParticipantOptions& o, const std::string& model,
+               std::size_t batch, const std::string& optimizer) {
+  namespace k = cohort::kernels;
+  k::OptimizerOptions opt;
+  if (optimizer == "momentum") {
+    opt.momentum = 0.9f;
+  } else {
+    opt.kind = k::parse_optimizer_kind(optimizer);
+  }
+  const auto device = k::make_device(o.device, {.threads = o.threads});
+  const auto plan =
+      k::plan_memory(k::make_network_spec(model), *device, opt, batch, o.memory_budget, model);
+  std::fputs(k::describe(plan, model).c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -32,6 +53,24 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "node id, the certificate's CN (client.name)");
   app.add_flag("--insecure", insecure, "plaintext transport (tls.insecure)");
   app.add_option("--mode", mode, "federated or decentralized (client.mode)");
+  bool plan = false;
+  std::string plan_model = "mlp:784-256-128-10", plan_optimizer = "sgd";
+  std::size_t plan_batch = 64;
+  app.add_flag("--print-plan", plan,
+               "print the measured training-memory model of --model at --batch on this device "
+               "(client.device, client.threads) and the plan for client.memory_budget, then exit "
+               "(1, naming the minimum budget, if the model cannot fit)");
+  app.add_option("--model", plan_model,
+                 "--print-plan only: the model (online, the coordinator's model applies)")
+      ->capture_default_str();
+  app.add_option("--batch", plan_batch,
+                 "--print-plan only: the batch (online, the coordinator's train.batch_size)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", plan_optimizer,
+                 "--print-plan only: sgd, momentum (sgd with momentum), adam or adamw: its state "
+                 "takes 0, 1, 2, 2 floats per parameter")
+      ->capture_default_str();
   cohort::add_config_flags(app, flags, schema);
   CLI11_PARSE(app, argc, argv);
   try {
@@ -49,6 +88,10 @@ int main(int argc, char** argv) {
     if (flags.print_config) {
       std::fputs(config.dump().c_str(), stdout);
       return 0;
+    }
+    if (plan) {
+      return print_plan(cohort::client::participant_options_from(config), plan_model, plan_batch,
+                        plan_optimizer);
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);

@@ -98,6 +98,8 @@ ParticipantOptions participant_options_from(const Config& config) {
   o.data_dir = config.get_string("data.dir");
   o.device = config.get_string("client.device");
   o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
+  o.memory_budget = static_cast<std::size_t>(
+      int_in_range(config, "client.memory_budget", 0, std::numeric_limits<std::int64_t>::max()));
   o.compressor = config.section("compressor");
   o.dp_clip = config.get_double("client.dp_clip");
   if (!(o.dp_clip >= 0) || !std::isfinite(o.dp_clip))

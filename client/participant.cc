@@ -238,6 +238,7 @@ class Participant {
       options_train_ = trainer_options_from(section);
       net_ = device_->make_network(spec);
       net_->init(options_.data_seed);
+      plan_memory(w.model_spec);
       trainer_.emplace(*net_, options_train_);
       global_ = FloatBuffer(spec.parameter_count());
       delta_ = FloatBuffer(spec.parameter_count());
@@ -262,6 +263,23 @@ class Participant {
     }
     COHORT_LOG(Info) << name() << ": joined (" << w.model_spec << ", " << w.model_size
                      << " parameters, " << shards().size() << " shards)";
+  }
+
+  // The tighter of client.memory_budget and the coordinator's train.memory_budget; a model that
+  // cannot fit throws ConfigError, which stops the client with a fatal report (the coordinator
+  // drops it from selection).
+  void plan_memory(const std::string& model_name) {
+    std::size_t budget = options_.memory_budget;
+    if (options_train_.memory_budget > 0 &&
+        (budget == 0 || options_train_.memory_budget < budget)) {
+      budget = options_train_.memory_budget;
+    }
+    if (budget == 0) return;
+    const auto plan = apply_memory_budget(*net_, *device_, options_train_, budget, model_name);
+    COHORT_LOG(Info) << name() << ": memory budget " << budget << " bytes: batch " << plan.batch
+                     << " as " << plan.accumulation << " x " << plan.micro_batch
+                     << " (measured peak " << plan.peak_bytes << " bytes, minimum "
+                     << plan.minimum_bytes << ")";
   }
 
   // How every exchange with the shards runs: resent on the library's schedule (3 s doubling to
@@ -314,6 +332,19 @@ class Participant {
     const auto t_trained = Clock::now();
     report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
     report.local_steps = static_cast<std::uint32_t>(result.steps);
+    report.peak_training_bytes = result.peak_bytes;
+    report.micro_batch = static_cast<std::uint32_t>(result.micro_batch);
+    report.accumulation = static_cast<std::uint32_t>(result.accumulation);
+    const std::string memory_line =
+        name() + ": round " + std::to_string(rs.round) + ": " + std::to_string(result.steps) +
+        " steps, training memory peak " + std::to_string(result.peak_bytes) + " bytes (batch " +
+        std::to_string(options_train_.batch_size) + " as " + std::to_string(result.accumulation) +
+        " x " + std::to_string(result.micro_batch) + ")";
+    if (result.accumulation > 1) {
+      COHORT_LOG(Info) << memory_line;
+    } else {
+      COHORT_LOG(Debug) << memory_line;
+    }
     if (report.train_seconds > 0) {
       report.samples_per_second =
           static_cast<float>(static_cast<double>(result.samples) / report.train_seconds);
@@ -418,7 +449,7 @@ class Participant {
     report.round = rs.round;
     const std::size_t batch = std::max<std::uint32_t>(rs.batch_size, 1);
     const auto seed = options_.data_seed * 7919ULL + options_.part_index;
-    std::vector<float> x(batch * train_.feature_dim()), dlogits;
+    std::vector<float> x(batch * train_.feature_dim());
     std::vector<std::int32_t> y(batch);
     double loss_sum = 0;
     double compute_s = 0;
@@ -441,14 +472,11 @@ class Participant {
         std::copy(row.begin(), row.end(), x.begin() + static_cast<std::ptrdiff_t>(r * row.size()));
         y[r] = train_.labels()[rows[r]];
       }
-      const auto logits = net_->forward(x, rows.size(), true);
-      dlogits.resize(logits.size());
-      loss_sum += kernels::softmax_cross_entropy(logits, y, net_->output_size(), dlogits);
+      loss_sum += net_->compute_gradients(x, y, rows.size());
       if (assigned > 0) {  // d(sum of losses) = b x d(mean loss): the gradient becomes a sum
         const auto b = static_cast<float>(rows.size());
-        for (float& d : dlogits) d *= b;
+        for (float& g : net_->gradients()) g *= b;
       }
-      net_->backward(dlogits);
       const auto gbytes = std::as_bytes(net_->gradients());
       compute_s += std::chrono::duration<double>(Clock::now() - c0).count();
       COHORT_LOG(Debug) << name() << ": clock " << step;
@@ -529,6 +557,10 @@ ConfigSchema participant_config_schema() {
       .add("client.device", std::string("cpu"), "cpu or cuda:N")
       .add("client.threads", std::int64_t{1},
            "CPU threads for local training (0: one per core; at most 1024)")
+      .add("client.memory_budget", std::int64_t{0},
+           "federated: this device's training memory budget in bytes (0: none); the client "
+           "trains the coordinator's batch in micro-batches that fit, or stops naming the "
+           "minimum (see --print-plan)")
       .add("client.connect_timeout_ms", std::int64_t{120000},
            "give up joining (or rejoining a lost coordinator) after this long")
       .add("client.backoff_max_ms", std::int64_t{5000}, "longest wait between retries")

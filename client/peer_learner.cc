@@ -34,7 +34,7 @@ std::span<const float> PeerLearner::model() { return opt_->eval_point(x_.span())
 
 float PeerLearner::step(std::uint64_t t, float lr, aggregation::Gossip& gossip) {
   const auto rows = dataparallel_batch(indices_, t, batch_, data_seed_);
-  const std::size_t b = rows.size(), dim = train_.feature_dim(), classes = net_->output_size();
+  const std::size_t b = rows.size(), dim = train_.feature_dim();
   batch_x_.resize(b * dim);
   batch_y_.resize(b);
   for (std::size_t k = 0; k < b; ++k) {
@@ -43,10 +43,7 @@ float PeerLearner::step(std::uint64_t t, float lr, aggregation::Gossip& gossip) 
     batch_y_[k] = train_.labels()[rows[k]];
   }
   net_->set_parameters(opt_->eval_point(x_.span()));
-  const auto logits = net_->forward(batch_x_, b, /*training=*/true);
-  dlogits_.resize(b * classes);
-  const float loss = kernels::softmax_cross_entropy(logits, batch_y_, classes, dlogits_);
-  net_->backward(dlogits_);
+  const float loss = net_->compute_gradients(batch_x_, batch_y_, b);
   opt_->step(t, x_.span(), std::as_const(*net_).gradients(), lr, gossip);
   return loss;
 }

@@ -46,7 +46,7 @@ class PeerLearner {
   std::uint64_t data_seed_;
   std::unique_ptr<aggregation::DecentralizedOptimizer> opt_;
   FloatBuffer x_;  // the node's state x_i (the network holds eval points)
-  std::vector<float> batch_x_, dlogits_;
+  std::vector<float> batch_x_;
   std::vector<std::int32_t> batch_y_;
 };
 

@@ -131,7 +131,8 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
       "momentum",        "nesterov",  "weight_decay",
       "beta1",           "beta2",     "epsilon",
       "lr_schedule",     "prox_mu",   "reset_optimizer_state",
-      "eval_batch_size", "device",    "threads"};
+      "eval_batch_size", "device",    "threads",
+      "memory_budget"};
   section.require_known(kKnown);
   TrainerOptions o;
   o.batch_size = non_negative(section, "batch_size", o.batch_size);
@@ -139,6 +140,7 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
   o.steps = non_negative(section, "steps", o.steps);
   o.drop_last = section.get_bool("drop_last", o.drop_last);
   o.eval_batch_size = non_negative(section, "eval_batch_size", o.eval_batch_size);
+  o.memory_budget = non_negative(section, "memory_budget", o.memory_budget);
   auto& opt = o.optimizer;
   opt.kind = kernels::parse_optimizer_kind(
       section.get_string("optimizer", std::string(kernels::to_string(opt.kind))));
@@ -180,7 +182,25 @@ void declare_trainer_options(ConfigSchema& schema, std::string_view prefix) {
       .add(p + "prox_mu", d.prox_mu, "FedProx proximal coefficient mu (0: off)")
       .add(p + "reset_optimizer_state", d.reset_optimizer_state,
            "zero optimizer state at the start of each local training")
-      .add(p + "eval_batch_size", i64(d.eval_batch_size), "batch size for evaluation");
+      .add(p + "eval_batch_size", i64(d.eval_batch_size), "batch size for evaluation")
+      .add(p + "memory_budget", i64(d.memory_budget),
+           "training memory budget in bytes (0: none): micro-batches with accumulation keep "
+           "batch_size the effective batch; refused with the minimum when nothing fits");
+}
+
+kernels::MemoryPlan apply_memory_budget(kernels::Network& network, const kernels::Device& device,
+                                        const TrainerOptions& options, std::size_t budget,
+                                        std::string_view model_name) {
+  if (budget == 0) {
+    network.set_micro_batch(0);
+    kernels::MemoryPlan whole;
+    whole.batch = whole.micro_batch = options.batch_size;
+    return whole;
+  }
+  kernels::MemoryPlan plan = kernels::plan_memory(network.spec(), device, options.optimizer,
+                                                  options.batch_size, budget, model_name);
+  network.set_micro_batch(plan.network_micro_batch());
+  return plan;
 }
 
 DeviceChoice device_choice_from(const ConfigSection& section) {
@@ -226,15 +246,10 @@ void LocalTrainer::gather(const Dataset& data, std::span<const std::uint32_t> ro
 }
 
 float LocalTrainer::proximal_step(std::size_t batch) {
-  const std::size_t classes = network_.output_size();
   const auto input =
       std::span<const float>(batch_x_.data(), batch * network_.spec().input_shape().size());
   const auto labels = std::span<const std::int32_t>(batch_y_.data(), batch);
-  const auto logits = network_.forward(input, batch, /*training=*/true);
-  if (dlogits_.size() < batch * classes) dlogits_.resize(batch * classes);
-  const auto dlogits = std::span<float>(dlogits_.data(), batch * classes);
-  const float loss = kernels::softmax_cross_entropy(logits, labels, classes, dlogits);
-  network_.backward(dlogits);
+  const float loss = network_.compute_gradients(input, labels, batch);
   // FedProx (1.12): grad += mu * (w - w_start).
   const auto params = std::as_const(network_).parameters();
   const auto grads = network_.gradients();
@@ -288,6 +303,7 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
                                                        : options_.epochs * batches_per_epoch;
 
   if (options_.reset_optimizer_state) network_.reset_optimizer_state();
+  network_.reset_memory_peak();
   if (options_.prox_mu > 0) {
     const auto params = std::as_const(network_).parameters();
     if (start_params_.size() != params.size()) start_params_ = FloatBuffer(params.size());
@@ -328,6 +344,13 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
   }
   result.steps = step;
   result.mean_loss = loss_sum / static_cast<double>(result.samples);
+  const kernels::MemoryReport memory = network_.memory();
+  if (memory.tracked) {
+    result.peak_bytes = memory.peak.total + batch_x_.bytes() + batch_y_.capacity() * 4;
+  }
+  const std::size_t m = network_.micro_batch();
+  result.micro_batch = m == 0 || m >= B ? B : m;
+  result.accumulation = (B + result.micro_batch - 1) / result.micro_batch;
   return result;
 }
 
@@ -336,7 +359,10 @@ EvalResult LocalTrainer::evaluate_rows(const Dataset& data, std::span<const std:
   check_fits(data);
   const std::size_t n = all ? data.size() : indices.size();
   const std::size_t d = data.feature_dim();
-  const std::size_t B = options_.eval_batch_size;
+  // Under a memory plan the gathered rows stay within a training batch's.
+  const std::size_t B = network_.micro_batch() > 0
+                            ? std::min(options_.eval_batch_size, options_.batch_size)
+                            : options_.eval_batch_size;
   double loss_sum = 0.0;
   std::size_t correct = 0;
   for (std::size_t begin = 0; begin < n; begin += B) {

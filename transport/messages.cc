@@ -191,6 +191,9 @@ struct Writer {
     r.setFatal(m.fatal);
     r.setLocalSteps(m.local_steps);
     r.setSamplesPerSecond(m.samples_per_second);
+    r.setPeakTrainingBytes(m.peak_training_bytes);
+    r.setMicroBatch(m.micro_batch);
+    r.setAccumulation(m.accumulation);
     auto links = r.initLinks(static_cast<unsigned>(m.links.size()));
     for (unsigned i = 0; i < m.links.size(); ++i) {
       const auto& l = m.links[i];
@@ -282,7 +285,10 @@ ClientReport read_report(wire::ClientReport::Reader r) {
                    .fatal = r.getFatal(),
                    .local_steps = r.getLocalSteps(),
                    .samples_per_second = r.getSamplesPerSecond(),
-                   .links = {}};
+                   .links = {},
+                   .peak_training_bytes = r.getPeakTrainingBytes(),
+                   .micro_batch = r.getMicroBatch(),
+                   .accumulation = r.getAccumulation()};
   out.links.reserve(links.size());
   for (auto l : links) {
     out.links.push_back({.shard = l.getShard(),

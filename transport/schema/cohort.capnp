@@ -266,6 +266,9 @@ struct ClientReport {
   localSteps @15 :UInt32;   # SGD steps the client ran this round
   samplesPerSecond @16 :Float32;  # training throughput this round (samples over compute time)
   links @17 :List(LinkSample);    # what the client measured to each shard this round
+  peakTrainingBytes @18 :UInt64;  # training memory high-water mark this round (0: not tracked)
+  microBatch @19 :UInt32;         # samples per forward/backward (0: not said)
+  accumulation @20 :UInt32;       # micro-batches per step (train.memory_budget's plan)
 }
 
 # A client's measurement of its link to one shard in one round: payload bytes and the time from

@@ -40,6 +40,9 @@ struct ParticipantOptions {
   transport::EndpointOptions endpoint;
   std::string device = "cpu";  // client.device; made (and so checked) by the participant
   std::size_t threads = 1;     // client.threads
+  // client.memory_budget: this device's training memory budget in bytes (0: none). The tighter
+  // of it and the coordinator's train.memory_budget applies.
+  std::size_t memory_budget = 0;
   std::chrono::milliseconds connect_timeout{120000};
   std::chrono::milliseconds backoff_max{5000};
   std::chrono::milliseconds step_delay{0};  // data-parallel straggler emulation

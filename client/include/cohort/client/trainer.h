@@ -28,6 +28,7 @@
 #include "cohort/client/dataset.h"
 #include "cohort/core/buffer.h"
 #include "cohort/core/config.h"
+#include "cohort/kernels/memory_plan.h"
 #include "cohort/kernels/network.h"
 #include "cohort/kernels/optimizer.h"
 
@@ -68,6 +69,10 @@ struct TrainerOptions {
   // Zero momentum / Adam moments at the start of each train(): FedAvg clients are stateless.
   bool reset_optimizer_state = true;
   std::size_t eval_batch_size = 1000;
+  // Training memory budget in bytes (ALGORITHMS.md 3.5); 0: none. Applied where the network is
+  // made (apply_memory_budget): micro-batches with accumulation keep batch_size the effective
+  // batch, and evaluation runs in batches of at most batch_size.
+  std::size_t memory_budget = 0;
 };
 
 // Throws ConfigError naming the field (batch_size 0, no epochs or steps, negative mu, ...).
@@ -96,6 +101,11 @@ struct TrainResult {
   std::size_t samples = 0;  // examples processed (with repeats across epochs)
   std::size_t steps = 0;    // optimizer steps taken
   double mean_loss = 0.0;   // sample-weighted mean of the minibatch training losses
+  // Training memory high-water mark of this call, measured: the network's tracked peak (all
+  // kinds; 0 on devices that do not track) plus the trainer's batch buffer.
+  std::size_t peak_bytes = 0;
+  std::size_t micro_batch = 0;   // samples per forward/backward (batch_size when not split)
+  std::size_t accumulation = 1;  // micro-batches per step
 };
 
 struct EvalResult {
@@ -103,6 +113,15 @@ struct EvalResult {
   double loss = 0.0;      // mean cross-entropy
   double accuracy = 0.0;  // fraction correct
 };
+
+// Plans training of `network` (made by `device`, named model_name in messages) under
+// `budget` bytes at options.batch_size (kernels::plan_memory) and sets the network's
+// micro-batch. budget 0: no plan is measured and the network trains whole batches (the result
+// has micro_batch = batch_size). Throws ConfigError (one line, naming the minimum budget) when
+// the model cannot train under the budget, KernelError on a device that cannot micro-batch.
+kernels::MemoryPlan apply_memory_budget(kernels::Network& network, const kernels::Device& device,
+                                        const TrainerOptions& options, std::size_t budget,
+                                        std::string_view model_name);
 
 class LocalTrainer {
  public:
@@ -142,7 +161,6 @@ class LocalTrainer {
   FloatBuffer batch_x_;
   std::vector<std::int32_t> batch_y_;
   FloatBuffer start_params_;  // FedProx's w_start
-  FloatBuffer dlogits_;       // FedProx's separate backward
   float current_lr_ = -1.0f;
 };
 

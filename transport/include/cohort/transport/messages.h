@@ -218,6 +218,11 @@ struct ClientReport {
   std::uint32_t local_steps = 0;  // SGD steps run this round
   float samples_per_second = 0;   // training throughput this round (samples / compute time)
   std::vector<LinkSample> links;  // one per shard it exchanged with (at most 4096)
+  // The memory plan it trained under (client.memory_budget / train.memory_budget) and the
+  // measured training-memory high-water mark of the round; 0: not said.
+  std::uint64_t peak_training_bytes = 0;
+  std::uint32_t micro_batch = 0;
+  std::uint32_t accumulation = 0;
   bool operator==(const ClientReport&) const = default;
 };
 
