@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+
+#include <sys/mman.h>
 #include <utility>
 
 #include "cohort/core/error.h"
@@ -24,6 +26,7 @@ void* aligned_bytes(std::size_t bytes) {
 }
 
 constexpr std::size_t kMinClassBytes = 4096;
+constexpr std::size_t kPageBytes = 4096;
 
 std::size_t size_class(std::size_t bytes) {
   const std::size_t cap = std::bit_ceil(std::max(bytes, kMinClassBytes));
@@ -46,18 +49,31 @@ void MemoryTracker::released(std::size_t bytes) noexcept {
 }
 
 void FloatBuffer::Free::operator()(float* p) const noexcept {
-  std::free(p);
+  if (mapped) {
+    ::munmap(p, bytes);
+  } else {
+    std::free(p);
+  }
   if (tracker != nullptr) tracker->released(bytes);
 }
 
 FloatBuffer::FloatBuffer(std::size_t size) : FloatBuffer(size, nullptr) {}
 
 FloatBuffer::FloatBuffer(std::size_t size, MemoryTracker* tracker)
-    : data_(nullptr, Free(tracker, 0)), size_(size) {
+    : data_(nullptr, Free(tracker, 0, false)), size_(size) {
   if (size == 0) return;
-  const std::size_t bytes = aligned_size(size * sizeof(float));
+  std::size_t bytes = aligned_size(size * sizeof(float));
+  if (tracker != nullptr && bytes >= kMappedBufferBytes) {
+    // Fresh anonymous pages are zero: nothing to clear, and none resident until written.
+    bytes = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = std::unique_ptr<float[], Free>(static_cast<float*>(p), Free(tracker, bytes, true));
+    tracker->allocated(bytes);
+    return;
+  }
   data_ = std::unique_ptr<float[], Free>(static_cast<float*>(aligned_bytes(bytes)),
-                                         Free(tracker, bytes));
+                                         Free(tracker, bytes, false));
   if (tracker != nullptr) tracker->allocated(bytes);
   std::memset(data_.get(), 0, size * sizeof(float));
 }

@@ -100,7 +100,12 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
   plan.budget = budget;
   plan.batch = batch;
   plan.model = measure_memory_model(spec, device, optimizer);
-  plan.minimum_bytes = measure_peak_bytes(spec, device, optimizer, batch, 1);
+  // Micro-batching adds an accumulator as large as the gradients: for a model with few
+  // activations per parameter (an MLP) the whole batch can need less than micro-batches of one.
+  const std::size_t whole = measure_peak_bytes(spec, device, optimizer, batch, batch);
+  const std::size_t single =
+      batch > 1 ? measure_peak_bytes(spec, device, optimizer, batch, 1) : whole;
+  plan.minimum_bytes = std::min(whole, single);
   const auto choose = [&](std::size_t m, std::size_t peak) {
     plan.micro_batch = m;
     plan.accumulation = (batch + m - 1) / m;
@@ -108,13 +113,13 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
     plan.peak_bytes = peak;
     return plan;
   };
-  if (budget == 0) return choose(batch, measure_peak_bytes(spec, device, optimizer, batch, batch));
+  if (budget == 0 || whole <= budget) return choose(batch, whole);
   if (budget < plan.minimum_bytes) {
     throw ConfigError("cannot train " + std::string(model_name) + " at batch " +
                       std::to_string(batch) + " under a memory budget of " +
                       std::to_string(budget) + " bytes (" + format_bytes(budget) +
                       "): it needs at least " + std::to_string(plan.minimum_bytes) + " bytes (" +
-                      format_bytes(plan.minimum_bytes) + ", micro-batches of one sample)");
+                      format_bytes(plan.minimum_bytes) + ")");
   }
   // Candidates: the largest micro-batch for each accumulation count k = 1, 2, ...
   std::vector<std::size_t> candidates;
@@ -124,13 +129,14 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
   }
   int probes = 0;
   for (const std::size_t m : candidates) {
+    if (m == batch) continue;  // measured above: it does not fit
     if (m == 1) break;
     if (plan.model.bytes(batch, m) > budget) continue;
     if (++probes > kMaxProbes) break;
     const std::size_t peak = measure_peak_bytes(spec, device, optimizer, batch, m);
     if (peak <= budget) return choose(m, peak);
   }
-  return choose(1, plan.minimum_bytes);
+  return choose(1, single);
 }
 
 std::string format_bytes(std::size_t bytes) {
@@ -171,7 +177,7 @@ std::string describe(const MemoryPlan& plan, std::string_view model_name) {
   row("budget", plan.budget, plan.budget == 0 ? "  (none)" : "");
   row("predicted peak", plan.predicted_bytes);
   row("measured peak", plan.peak_bytes);
-  row("minimum budget", plan.minimum_bytes, "  (micro-batches of one sample)");
+  row("minimum budget", plan.minimum_bytes);
   return out.str();
 }
 

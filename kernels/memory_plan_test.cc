@@ -164,5 +164,21 @@ TEST_CASE("the plan fits the budget, keeps the batch and refuses naming the mini
   CHECK(describe(free, "cnn:lenet5").find("minimum budget") != std::string::npos);
 }
 
+TEST_CASE("a model whose accumulator outweighs its activations trains whole when that fits") {
+  // mlp:784-256-128-10 at batch 32: micro-batches of one need the accumulator (as large as the
+  // gradients) and save less activation memory than that, so the whole batch is the minimum.
+  const auto device = make_device("cpu", {.threads = 1});
+  const NetworkSpec spec = make_network_spec("mlp:784-256-128-10");
+  const OptimizerOptions sgd{.learning_rate = 0.01f};
+  const std::size_t whole = measure_peak_bytes(spec, *device, sgd, 32, 32);
+  const std::size_t single = measure_peak_bytes(spec, *device, sgd, 32, 1);
+  REQUIRE(single > whole);
+  const MemoryPlan plan = plan_memory(spec, *device, sgd, 32, whole, "mlp");
+  CHECK(plan.micro_batch == 32);
+  CHECK(plan.peak_bytes == whole);
+  CHECK(plan.minimum_bytes == whole);
+  CHECK_THROWS_AS((void)plan_memory(spec, *device, sgd, 32, whole - 1, "mlp"), ConfigError);
+}
+
 }  // namespace
 }  // namespace cohort::kernels

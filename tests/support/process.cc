@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,9 +92,11 @@ std::optional<int> Process::wait_for(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     int st = 0;
-    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    struct rusage usage {};
+    const pid_t r = ::wait4(pid_, &st, WNOHANG, &usage);
     if (r == pid_) {
       status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      peak_rss_kib_ = usage.ru_maxrss;
       return status_;
     }
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;

@@ -40,6 +40,8 @@ class Process {
   void kill(int signal = 9);
   [[nodiscard]] bool running();
   [[nodiscard]] pid_t pid() const { return pid_; }
+  // After wait_for() saw it exit: its peak resident set (getrusage's ru_maxrss), in KiB.
+  [[nodiscard]] std::optional<long> peak_rss_kib() const { return peak_rss_kib_; }
   [[nodiscard]] std::string stdout_text() const;
   [[nodiscard]] std::string stderr_text() const;
 
@@ -47,6 +49,7 @@ class Process {
   Process() = default;
   pid_t pid_ = -1;
   std::optional<int> status_;
+  std::optional<long> peak_rss_kib_;
   std::filesystem::path out_;
   std::filesystem::path err_;
 };

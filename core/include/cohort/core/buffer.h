@@ -20,6 +20,8 @@ namespace cohort {
 
 // Alignment of every buffer: one cache line, and enough for AVX-512 loads.
 inline constexpr std::size_t kBufferAlignment = 64;
+// Tracked FloatBuffers from this size on are mapped pages of their own (see FloatBuffer).
+inline constexpr std::size_t kMappedBufferBytes = std::size_t{1} << 20;
 
 // Counts the bytes held by the buffers made with it (FloatBuffer's tracked constructor): what is
 // held now and the most held at once since construction or the last reset_peak(). Bytes are the
@@ -51,7 +53,10 @@ class MemoryTracker {
 
 // An owning, 64-byte aligned, zero-initialised float array. Move-only; a moved-from buffer is
 // empty. Not thread-safe. A buffer made with a MemoryTracker reports its bytes to it while it
-// lives (resize() keeps the tracker; clone() makes an untracked copy).
+// lives (resize() keeps the tracker; clone() makes an untracked copy); a large one (at least
+// kMappedBufferBytes) gets pages of its own, which go back to the system when it is freed, so
+// that the process's resident memory follows what the tracker counts instead of what the heap
+// once held.
 class FloatBuffer {
  public:
   FloatBuffer() = default;
@@ -93,10 +98,11 @@ class FloatBuffer {
 
  private:
   struct Free {
-    Free() noexcept : tracker(nullptr), bytes(0) {}
-    Free(MemoryTracker* t, std::size_t b) noexcept : tracker(t), bytes(b) {}
+    Free() noexcept : tracker(nullptr), bytes(0), mapped(false) {}
+    Free(MemoryTracker* t, std::size_t b, bool m) noexcept : tracker(t), bytes(b), mapped(m) {}
     MemoryTracker* tracker;
-    std::size_t bytes;  // counted in tracker
+    std::size_t bytes;  // the allocation's size (counted in tracker)
+    bool mapped;        // its own pages (mmap), returned to the system when freed
     void operator()(float* p) const noexcept;
   };
   std::unique_ptr<float[], Free> data_;

@@ -59,8 +59,11 @@ struct MemoryPlan {
   std::size_t accumulation = 1;  // micro-batches per step: ceil(batch / micro_batch)
   bool recompute = false;        // activations recomputed by segment (not implemented: false)
   std::size_t predicted_bytes = 0;
-  std::size_t peak_bytes = 0;     // measured by a probe step at micro_batch
-  std::size_t minimum_bytes = 0;  // measured at micro-batch 1: the least budget that trains
+  std::size_t peak_bytes = 0;  // measured by a probe step at micro_batch
+  // The least budget that trains: the smaller measured peak of micro-batches of one sample and
+  // of the whole batch (micro-batching adds an accumulator as large as the gradients, which for
+  // an MLP outweighs the activations it saves).
+  std::size_t minimum_bytes = 0;
   MemoryModel model;
 
   // The value for Network::set_micro_batch(): 0 when the batch runs whole.
