@@ -15,7 +15,9 @@
 //   {"bench":"train","model":"mlp","budget_bytes":B,"peak_bytes":P,"micro_batch":m,
 //    "accumulation":k,"recompute":false,"samples_per_s":S,"threads":1,"batch":64,
 //    "unconstrained_samples_per_s":S0,"ratio_to_unconstrained":S/S0,...}
-// then one summary line per model and thread count. Exits 1 when a peak exceeds its budget.
+// then one summary line per model and thread count, with the 4-way line's ratio and, since the
+// machine may be shared, the ratio of the whole batch and 4-way accumulation timed in alternating
+// pairs (paired_ratio_at_4way). Exits 1 when a peak exceeds its budget.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -108,10 +110,18 @@ struct Timing {
   std::size_t repeats = 0, steps = 0;
 };
 
-// A warm-up (touches every buffer once and estimates the rate to size the timed repeats), then
-// the timed repeats. The network's memory peak is reset just before the timed repeats, so
-// net.memory().peak afterwards is theirs.
-Timing time_training(const Options& options, const Dataset& data, cohort::kernels::Network& net) {
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// A warm-up (touches every buffer once and estimates the rate), then a trainer whose train() runs
+// about --seconds; *steps is its step count.
+std::unique_ptr<cohort::client::LocalTrainer> warmed_trainer(const Options& options,
+                                                             const Dataset& data,
+                                                             cohort::kernels::Network& net,
+                                                             std::size_t* steps) {
   auto trainer_opts = trainer_options(options);
   trainer_opts.steps = options.quick ? 2 : 10;
   double rate = 0;
@@ -120,24 +130,27 @@ Timing time_training(const Options& options, const Dataset& data, cohort::kernel
     (void)run_steps(warm, data, 0);
     rate = run_steps(warm, data, 1);
   }
-  const auto steps = std::max<std::size_t>(
+  *steps = std::max<std::size_t>(
       options.quick ? 2 : 10,
       static_cast<std::size_t>(rate * options.seconds / static_cast<double>(options.batch)));
-  trainer_opts.steps = steps;
-  cohort::client::LocalTrainer trainer(net, trainer_opts);
+  trainer_opts.steps = *steps;
+  return std::make_unique<cohort::client::LocalTrainer>(net, trainer_opts);
+}
+
+// The warm-up, then the timed repeats. The network's memory peak is reset just before the timed
+// repeats, so net.memory().peak afterwards is theirs.
+Timing time_training(const Options& options, const Dataset& data, cohort::kernels::Network& net) {
+  Timing t;
+  const auto trainer = warmed_trainer(options, data, net, &t.steps);
   net.reset_memory_peak();
   std::vector<double> rates;
   for (std::size_t r = 0; r < options.repeats; ++r)
-    rates.push_back(run_steps(trainer, data, 2 + r));
-  std::sort(rates.begin(), rates.end());
-  const double median = rates.size() % 2 == 1
-                            ? rates[rates.size() / 2]
-                            : 0.5 * (rates[rates.size() / 2 - 1] + rates[rates.size() / 2]);
-  return {.median = median,
-          .min = rates.front(),
-          .max = rates.back(),
-          .repeats = rates.size(),
-          .steps = steps};
+    rates.push_back(run_steps(*trainer, data, 2 + r));
+  t.median = median(rates);
+  t.min = *std::min_element(rates.begin(), rates.end());
+  t.max = *std::max_element(rates.begin(), rates.end());
+  t.repeats = rates.size();
+  return t;
 }
 
 void bench_one(const Options& options, const Dataset& data, const std::string& data_name,
@@ -191,6 +204,9 @@ struct MemorySummary {
   double unconstrained_rate = 0;
   std::optional<double> rate_4way;  // the run that accumulates exactly 4 micro-batches
   bool forced_4way = false;         // ... set by the bench: no budget made the planner choose it
+  // The 4-way rate over the whole batch's, timed in alternating pairs (see paired_4way_ratio):
+  // the median of the pairs' ratios, and best 4-way rate over best whole-batch rate.
+  double paired_ratio = 0, paired_best_ratio = 0;
 };
 
 // Micro-batches of ceil(batch / 4): the planner's candidate for 4-way accumulation.
@@ -265,6 +281,42 @@ BudgetRun run_forced_4way(const Options& options, const Dataset& data,
   return run;
 }
 
+// The machine is shared, so rates timed a minute apart differ by more than accumulation costs.
+// This times the whole batch (A) and 4-way accumulation (B) on two fresh networks in --repeats
+// alternating pairs (AB, BA, AB, ...), so both see the same load.
+void paired_4way_ratio(const Options& options, const Dataset& data,
+                       const cohort::kernels::NetworkSpec& spec,
+                       const cohort::kernels::Device& device, MemorySummary& summary) {
+  auto whole = device.make_network(spec);
+  auto split = device.make_network(spec);
+  whole->init(1);
+  split->init(1);
+  split->set_micro_batch(micro_batch_4way(options.batch));
+  std::size_t steps_a = 0, steps_b = 0;
+  const auto a = warmed_trainer(options, data, *whole, &steps_a);
+  const auto b = warmed_trainer(options, data, *split, &steps_b);
+  std::vector<double> ratios;
+  double best_a = 0, best_b = 0;
+  for (std::size_t r = 0; r < options.repeats; ++r) {
+    double rate_a = 0, rate_b = 0;
+    if (r % 2 == 0) {
+      rate_a = run_steps(*a, data, 2 + r);
+      rate_b = run_steps(*b, data, 2 + r);
+    } else {
+      rate_b = run_steps(*b, data, 2 + r);
+      rate_a = run_steps(*a, data, 2 + r);
+    }
+    ratios.push_back(rate_b / rate_a);
+    best_a = std::max(best_a, rate_a);
+    best_b = std::max(best_b, rate_b);
+  }
+  summary.paired_ratio = median(ratios);
+  summary.paired_best_ratio = best_b / best_a;
+  COHORT_LOG(Info) << "model=" << summary.model << " threads=" << summary.threads
+                   << " paired 4-way: best whole=" << best_a << " best 4-way=" << best_b
+                   << " median ratio=" << summary.paired_ratio;
+}
+
 void print_budget_line(const Options& options, const std::string& model, std::size_t threads,
                        const BudgetRun& run, double unconstrained_rate) {
   const auto& p = run.plan;
@@ -334,6 +386,7 @@ MemorySummary bench_memory(const Options& options, const Dataset& data, const st
     record(options, run_forced_4way(options, data, spec, *device, unconstrained.plan, budget_4way),
            summary);
   }
+  if (options.batch >= 4) paired_4way_ratio(options, data, spec, *device, summary);
   return summary;
 }
 
@@ -348,10 +401,11 @@ void print_summary(const Options& options, const MemorySummary& s) {
       "\"batch\":%zu,\"unconstrained_peak_bytes\":%zu,\"minimum_bytes\":%zu,\"budgets\":%zu,"
       "\"refused\":%zu,\"over_budget\":%zu,\"all_within_budget\":%s,"
       "\"unconstrained_samples_per_s\":%.1f,\"accumulation4_samples_per_s\":%s,"
-      "\"ratio_at_4way\":%s,\"4way_forced\":%s}\n",
+      "\"ratio_at_4way\":%s,\"4way_forced\":%s,\"paired_ratio_at_4way\":%.3f,"
+      "\"paired_best_ratio_at_4way\":%.3f}\n",
       s.model.c_str(), s.threads, options.batch, s.unconstrained_peak, s.minimum, s.budgets,
       s.refused, s.over_budget, s.over_budget == 0 ? "true" : "false", s.unconstrained_rate, rate,
-      ratio, s.forced_4way ? "true" : "false");
+      ratio, s.forced_4way ? "true" : "false", s.paired_ratio, s.paired_best_ratio);
   std::fflush(stdout);
 }
 
