@@ -71,18 +71,22 @@ using transport::Message;
 
 Fleet::Fleet(const SimOptions& options, transport::Context& ctx,
              const std::vector<std::string>& urls, const std::atomic<bool>& stop,
-             const std::function<bool()>& shards_failed)
+             const std::function<bool()>& shards_failed, FleetMemory memory)
     : sim_(options),
       ctx_(ctx),
       urls_(urls),
       stop_(stop),
       shards_failed_(shards_failed),
       pool_(options.threads),
-      reporter_(options.report) {
+      reporter_(options.report),
+      memory_(std::move(memory)) {
   n_ = options.clients;
+  registrants_ = n_ - memory_.unfit();
+  COHORT_CHECK(!memory_.has_budgets() || memory_.clients() == n_);
+  while (first_registrant_ < n_ && !memory_.fits(first_registrant_)) ++first_registrant_;
   const std::size_t want = static_cast<std::size_t>(
       std::ceil(static_cast<double>(options.server.clients_per_round) * options.server.overselect));
-  expected_selected_ = std::min(std::max<std::size_t>(want, 1), n_);
+  expected_selected_ = std::min(std::max<std::size_t>(want, 1), registrants_);
   width_ = std::max<std::size_t>(5, std::to_string(n_ > 0 ? n_ - 1 : 0).size());
 }
 
@@ -100,6 +104,7 @@ Summary Fleet::run() {
   registered_.assign(n_, false);
   summary_.participation.assign(n_, 0);
   summary_.selections.assign(n_, 0);
+  summary_.clients_unfit = memory_.unfit();
   while (!finished_) {
     if (stop_.load()) break;
     if (shards_failed_())
@@ -201,13 +206,15 @@ void Fleet::drive_registration() {
   if (!welcomed_any_) {
     // Until the first welcome (all shards up), one client knocks every 100 ms.
     if (now >= next_knock_) {
-      send_register(0);
+      send_register(first_registrant_);
       next_knock_ = now + 100ms;
     }
     return;
   }
   while (next_register_ < n_ && next_register_ < welcomes_ + 512) {
-    if (!registered_[next_register_]) send_register(static_cast<std::uint32_t>(next_register_));
+    const auto c = static_cast<std::uint32_t>(next_register_);
+    // A client whose memory cannot train the model never registers, as a real one would not.
+    if (!registered_[c] && memory_.fits(c)) send_register(c);
     ++next_register_;
   }
   if (!retry_.empty() && now >= next_knock_) {
@@ -238,7 +245,7 @@ void Fleet::on_welcome(std::uint32_t c, const transport::Welcome& w) {
     registered_[c] = true;
     ++welcomes_;
     if (all_registered()) {
-      COHORT_LOG(Info) << "cohort-sim: " << n_ << " clients registered in "
+      COHORT_LOG(Info) << "cohort-sim: " << registrants_ << " clients registered in "
                        << seconds_since(started_) << " s";
     }
   }
@@ -263,6 +270,10 @@ void Fleet::setup_model(const transport::Welcome& w) {
   Config train_cfg(schema);
   train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
   options_ = trainer_options_from(train_cfg.section("train"));
+  if (memory_.has_budgets() &&
+      (memory_.parameters() != model_size_ || memory_.batch() != options_.batch_size)) {
+    throw InternalError("cohort-sim: the memory budgets were planned for another model or batch");
+  }
   if (!options_.reset_optimizer_state) {
     // Training threads are shared by all clients; per-client optimizer state is not kept.
     throw ConfigError(

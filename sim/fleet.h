@@ -27,6 +27,7 @@
 #include "cohort/kernels/network.h"
 #include "cohort/sim/sim.h"
 #include "cohort/transport/endpoint.h"
+#include "memory_budgets.h"
 #include "options.h"
 #include "report.h"
 #include "sim_clock.h"
@@ -46,9 +47,13 @@ struct Slot {
 class Fleet {
  public:
   // `shards_failed` says whether a shard's thread ended with an error (run() then throws).
-  // `options` must be checked for Runner::kInProcess (sim_options_from).
+  // `options` must be checked for Runner::kInProcess (sim_options_from). `memory` is the plan of
+  // the clients' memory budgets (plan_fleet_memory): the clients that cannot train never
+  // register (the shards' server.min_clients must count only the others), and the rest train
+  // and are timed as planned. REQUIRES: at least one client fits.
   Fleet(const SimOptions& options, transport::Context& ctx, const std::vector<std::string>& urls,
-        const std::atomic<bool>& stop, const std::function<bool()>& shards_failed);
+        const std::atomic<bool>& stop, const std::function<bool()>& shards_failed,
+        FleetMemory memory = {});
 
   // Registers every client, then runs rounds; returns the run's totals. Throws what a training
   // job threw, ProtocolError for a malformed reply, InternalError if a shard failed.
@@ -80,6 +85,7 @@ class Fleet {
     client::EvalResult eval;
     double wall_train_s = 0, train_cpu_s = 0;
     std::uint64_t bytes_down = 0, bytes_up = 0;
+    std::size_t micro_batch = 0;  // the slot network's micro-batch it trained with (0: whole)
   };
 
   struct Result {
@@ -136,7 +142,8 @@ class Fleet {
   // ---- registration (fleet.cc) ------------------------------------------------------------------
 
   void drive_registration();
-  [[nodiscard]] bool all_registered() const { return welcomes_ >= n_; }
+  // Every client that can train (memory_) is registered.
+  [[nodiscard]] bool all_registered() const { return welcomes_ >= registrants_; }
   void send_register(std::uint32_t c);
   void on_welcome(std::uint32_t c, const transport::Welcome& w);
   void setup_model(const transport::Welcome& w);
@@ -202,7 +209,10 @@ class Fleet {
   std::function<bool()> shards_failed_;
   ThreadPool pool_;
   Reporter reporter_;
-  std::size_t n_ = 0;  // sim_.clients
+  const FleetMemory memory_;
+  std::size_t n_ = 0;            // sim_.clients
+  std::size_t registrants_ = 0;  // the clients that register: those whose memory fits
+  std::uint32_t first_registrant_ = 0;
   std::size_t window_ = 4, expected_selected_ = 1, width_ = 5;
   Clock::time_point started_, first_round_wall_;
 

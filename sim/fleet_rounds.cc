@@ -42,12 +42,17 @@ void Fleet::plan(Collecting col) {
   std::vector<std::uint64_t> samples(col.clients.size());
   for (std::size_t i = 0; i < col.clients.size(); ++i) {
     const std::uint32_t c = col.clients[i].client;
+    COHORT_CHECK(memory_.fits(c)) << name_of(c) << " cannot train: it never registered";
     const DeviceProfile p = profiles[i] = profile(c);
     // The work the coordinator asked this client for: its compute time follows it.
     steps[i] = col.clients[i].local_steps > 0 ? col.clients[i].local_steps : options_.steps;
     samples[i] = samples_per_round(partition_[c].size(), options_.batch_size, options_.epochs,
                                    steps[i], options_.drop_last);
-    times[i] = client_time(p, {bytes_down, bytes_up, training_flops(model_size_, samples[i])});
+    // Under a memory budget its training runs in micro-batches: slower by the plan's factor.
+    times[i] = client_time(p, {.bytes_down = bytes_down,
+                               .bytes_up = bytes_up,
+                               .flops = training_flops(model_size_, samples[i]),
+                               .slowdown = memory_.slowdown(c)});
     sel[i].finish_s = times[i].total();
     sel[i].silent =
         !is_online(p, sim_.seed, c, col.round, sim_now_) || drops_out(p, sim_.seed, c, col.round);
@@ -191,6 +196,9 @@ void Fleet::submit(Job& job) {
         ~Release() { f->release_slot(s); }
       } release{this, slot};
       const FloatBuffer& model = *j->model;
+      // The client's memory plan, on whichever slot trains (or evaluates) it: 0 is whole batches.
+      slot->net->set_micro_batch(memory_.micro_batch(j->client));
+      j->micro_batch = slot->net->micro_batch();
       auto params = slot->net->parameters();
       std::copy(model.begin(), model.end(), params.begin());
       const auto t0 = Clock::now();
@@ -282,8 +290,8 @@ transport::ClientReport Fleet::base_report(const Job& job) const {
 }
 
 void Fleet::add_measurements(const Job& job, bool pushed, transport::ClientReport& r) const {
-  r.samples_per_second =
-      static_cast<float>(virtual_samples_per_second(job.profile, model_size_, job.samples));
+  r.samples_per_second = static_cast<float>(virtual_samples_per_second(
+      job.profile, model_size_, job.samples, memory_.slowdown(job.client)));
   std::vector<ShardBytes> shards(shards_.size());
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
     const std::uint64_t bytes = (shards_[i].end - shards_[i].begin) * sizeof(float);
@@ -343,6 +351,7 @@ void Fleet::finish_training_job(Job& job) {
     rec.steps_max = std::max(rec.steps_max, job.result.steps);
     rec.steps_sum += job.result.steps;
     ++rec.updates;
+    if (job.micro_batch > 0) ++rec.micro_batched;
   }
   rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
   rec.samples += r.num_samples;
@@ -367,6 +376,7 @@ void Fleet::complete(Job& job) {
 void Fleet::close_active() {
   Active& a = *active_;
   a.record.wall_round_s = seconds_since(a.wall_start);
+  a.record.memory_budgets = memory_.has_budgets();
   summary_.round_wall_seconds = seconds_since(first_round_wall_);
   summary_.sim_seconds = sim_now_;
   if (a.record.committed) ++summary_.committed;
@@ -431,7 +441,7 @@ void Fleet::progress_line(bool round_done) {
   if (!welcomed_any_ || !all_registered()) {
     v.registering = true;
     v.registered = welcomes_;
-    v.clients = n_;
+    v.clients = registrants_;
   } else {
     const std::uint64_t done = summary_.committed;
     v.eta_s = done > 0

@@ -18,8 +18,8 @@ namespace {
 
 // The server's configuration for shard `index` of the simulation: the server's keys the
 // simulation's file or flags set, forwarded, and those cohort-sim sets itself.
-Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t index,
-                    const std::vector<std::string>& urls) {
+Config shard_config(const Config& sim, const SimOptions& options, std::size_t registrants,
+                    std::uint32_t index, const std::vector<std::string>& urls) {
   const ConfigSchema schema = server::config_schema();
   Config c(schema);
   for (const auto& o : schema.options()) {
@@ -47,7 +47,8 @@ Config shard_config(const Config& sim, const SimOptions& options, std::uint32_t 
   c.set_value("server.coordinator", index == 0 ? std::string() : urls[0]);
   c.set_value("server.name", "shard-" + std::to_string(index));
   c.set_value("server.port_file", std::string());
-  c.set_value("server.min_clients", static_cast<std::int64_t>(options.clients));
+  // Every client that can train registers before round 1; the others never do (memory_budgets.h).
+  c.set_value("server.min_clients", static_cast<std::int64_t>(registrants));
   // The shards close rounds on host time (sim.wall_deadline_ms) while the fleet plans them on the
   // simulated clock (server.round_deadline_ms). A coordinator that sizes each client's work to
   // the round's deadline (server.work = "deadline") plans against the simulated deadline, with
@@ -69,6 +70,10 @@ std::string sim_url(std::uint64_t run, std::uint32_t shard) {
 Summary run_in_process(const Config& config, const Registries& registries,
                        const std::atomic<bool>& stop) {
   const SimOptions options = sim_options_from(config, Runner::kInProcess);
+  // Planned before any shard starts: it refuses a fleet that cannot train at all, and the
+  // coordinator must wait for the clients that can, only.
+  FleetMemory memory = plan_fleet_memory(config, options);
+  const std::size_t registrants = options.clients - memory.unfit();
   const std::uint32_t shards = options.server.shards;
   static std::atomic<std::uint64_t> runs{0};
   const std::uint64_t run = ++runs;
@@ -76,7 +81,7 @@ Summary run_in_process(const Config& config, const Registries& registries,
   for (std::uint32_t i = 0; i < shards; ++i) urls.push_back(sim_url(run, i));
   std::vector<Config> shard_configs;
   for (std::uint32_t i = 0; i < shards; ++i)
-    shard_configs.push_back(shard_config(config, options, i, urls));
+    shard_configs.push_back(shard_config(config, options, registrants, i, urls));
 
   transport::Context ctx;
   std::atomic<bool> stop_shards{false};
@@ -108,7 +113,8 @@ Summary run_in_process(const Config& config, const Registries& registries,
   {
     std::optional<Fleet> fleet;
     try {
-      fleet.emplace(options, ctx, urls, stop, [&] { return failed.load(); });
+      fleet.emplace(
+          options, ctx, urls, stop, [&] { return failed.load(); }, std::move(memory));
       summary = fleet->run();
       if (!stop.load()) fleet->drain_until(all_finished);
     } catch (...) {

@@ -27,9 +27,10 @@ std::vector<transport::LinkSample> virtual_links(const DeviceProfile& profile,
 }
 
 double virtual_samples_per_second(const DeviceProfile& profile, std::uint64_t parameters,
-                                  std::uint64_t samples) {
+                                  std::uint64_t samples, double slowdown) {
   if (samples == 0 || parameters == 0) return 0.0;
-  const double compute_s = training_flops(parameters, samples) / (profile.gflops * 1e9);
+  // client_time()'s compute_s, to the bit.
+  const double compute_s = training_flops(parameters, samples) / (profile.gflops * 1e9) * slowdown;
   return static_cast<double>(samples) / compute_s;
 }
 

@@ -28,8 +28,9 @@ std::vector<transport::LinkSample> virtual_links(const DeviceProfile& profile,
                                                  std::span<const ShardBytes> shards);
 
 // Training throughput on the virtual clock: `samples` over the compute time the profile gives
-// them; 0 without samples.
+// them, times `slowdown` (ClientWork::slowdown: micro-batches under a memory budget); 0 without
+// samples.
 double virtual_samples_per_second(const DeviceProfile& profile, std::uint64_t parameters,
-                                  std::uint64_t samples);
+                                  std::uint64_t samples, double slowdown = 1.0);
 
 }  // namespace cohort::sim

@@ -3,6 +3,7 @@
 #include "options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "cohort/aggregation/registries.h"
@@ -71,6 +72,9 @@ void check_in_process(const Config& config, SimOptions& o) {
   parse_availability(config.get_string("profile.availability"), p);
   p.dropout = config.get_double("profile.dropout");
   if (!(p.dropout >= 0 && p.dropout <= 1)) throw ConfigError("profile.dropout must be in [0, 1]");
+  const std::string memory = config.get_string("profile.memory");
+  p.memory_bytes = memory == "0" ? Distribution{Distribution::Kind::kConst, 0.0, 0.0}
+                                 : parse_distribution(memory, "profile.memory");
 }
 
 ServerKeys server_keys_from(const Config& config) {
@@ -114,6 +118,14 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.report.csv_file = config.get_string("sim.csv_file");
   o.report.progress = config.get_bool("sim.progress");
   if (runner == Runner::kInProcess) {
+    o.micro_batch_slowdown = config.get_double("sim.micro_batch_slowdown");
+    if (!(o.micro_batch_slowdown == 0 || o.micro_batch_slowdown >= 1) ||
+        !std::isfinite(o.micro_batch_slowdown)) {
+      throw ConfigError(
+          "sim.micro_batch_slowdown must be 0 (measure it) or a factor >= 1 (a micro-batched "
+          "step is never faster than a whole one), got " +
+          std::to_string(o.micro_batch_slowdown));
+    }
     check_in_process(config, o);
   } else {
     constexpr std::size_t kMaxProcesses = 200;
@@ -164,9 +176,13 @@ ConfigSchema sim_config_schema() {
            "--processes: folder for the processes' logs and config (default: a new one under the "
            "temp dir)")
       .add("sim.profile_trace", std::string(""),
-           "CSV of devices "
-           "(gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,phase,dropout]); "
-           "client i gets row i mod rows; overrides profile.*")
+           "CSV of devices (gflops,uplink_mbps,downlink_mbps,latency_ms[,online_min,online_max,"
+           "phase,dropout,memory]); client i gets row i mod rows; overrides profile.*")
+      .add("sim.micro_batch_slowdown", 0.0,
+           "compute-time factor of a client that trains in micro-batches under its memory "
+           "budget (profile.memory); 0: measured once per micro-batch size on this host (whole "
+           "vs. micro-batched steps, median of 3), which makes simulated times host-dependent; "
+           "a factor >= 1 pins it for every micro-batched client (reproducible runs)")
       .add("profile.gflops", std::string("10"),
            "training speed, GFLOP/s: X | uniform:A:B | lognormal:MEDIAN:SIGMA")
       .add("profile.uplink_mbps", std::string("10"), "uplink, Mbit/s (same forms)")
@@ -175,7 +191,11 @@ ConfigSchema sim_config_schema() {
       .add("profile.availability", std::string("always"),
            "always | diurnal:MIN:MAX (online probability over a simulated day)")
       .add("profile.dropout", 0.0,
-           "probability that a selected client drops out of the round (silent)");
+           "probability that a selected client drops out of the round (silent)")
+      .add("profile.memory", std::string("0"),
+           "training memory budget, bytes (same forms; 0: unlimited): the client trains in "
+           "micro-batches when its batch does not fit, and is never selected (not registered, "
+           "counted as clients_unfit) when not even one sample fits");
   return s;
 }
 

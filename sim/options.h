@@ -65,7 +65,10 @@ struct ReportOptions {
 };
 
 struct SimOptions {
-  std::size_t clients = 100;          // sim.clients, at least 1
+  std::size_t clients = 100;  // sim.clients, at least 1
+  // sim.micro_batch_slowdown: compute-time factor of a client training in micro-batches under its
+  // memory budget; 0: measured per micro-batch size on the host (memory_budgets.h).
+  double micro_batch_slowdown = 0.0;
   std::size_t threads = 0;            // sim.threads: local-training threads (0: one per core)
   std::uint64_t seed = 1;             // sim.seed: profiles, availability, dropouts
   std::int64_t wall_deadline_ms = 0;  // sim.wall_deadline_ms: the shards' real-time deadline

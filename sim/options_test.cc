@@ -65,6 +65,27 @@ TEST_CASE("sim_options_from fills the typed options, per runner, with the keys' 
       doctest::Contains("train.reset_optimizer_state = false is not simulated"), ConfigError);
 }
 
+TEST_CASE("profile.memory: unlimited by default, else a distribution of bytes") {
+  const SimOptions none = sim_options_from(load({}), Runner::kInProcess);
+  CHECK(none.profile.spec.memory_bytes.kind == Distribution::Kind::kConst);
+  CHECK(none.profile.spec.memory_bytes.a == 0.0);
+  CHECK(none.micro_batch_slowdown == 0.0);  // measured
+  const SimOptions some = sim_options_from(
+      load({"profile.memory=uniform:1e5:4e6", "sim.micro_batch_slowdown=1.5"}), Runner::kInProcess);
+  CHECK(some.profile.spec.memory_bytes.kind == Distribution::Kind::kUniform);
+  CHECK(some.profile.spec.memory_bytes.b == 4e6);
+  CHECK(some.micro_batch_slowdown == 1.5);
+  CHECK_THROWS_WITH_AS(sim_options_from(load({"profile.memory=-5"}), Runner::kInProcess),
+                       doctest::Contains("profile.memory"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      sim_options_from(load({"sim.micro_batch_slowdown=0.5"}), Runner::kInProcess),
+      doctest::Contains("sim.micro_batch_slowdown must be 0 (measure it) or a factor >= 1"),
+      ConfigError);
+  // --processes has no device profiles: neither key is read.
+  CHECK_NOTHROW(sim_options_from(load({"profile.memory=-5", "sim.micro_batch_slowdown=0.5"}),
+                                 Runner::kProcesses));
+}
+
 TEST_CASE("server.work = deadline (the default) plans against the simulated deadline") {
   if (sim_config_schema().find("server.work") == nullptr) {
     // This server has no heterogeneity-aware work yet: the key is unknown.

@@ -60,6 +60,7 @@ void Reporter::write(const RoundRecord& r, double wall) {
     f.push_back(
         {"local_steps_mean", static_cast<double>(r.steps_sum) / static_cast<double>(r.updates)});
   }
+  if (r.memory_budgets) f.push_back({"micro_batched", std::uint64_t{r.micro_batched}});
   if (r.evaluated) {
     f.push_back({"test_loss", r.test_loss});
     f.push_back({"test_accuracy", r.test_accuracy});
@@ -101,13 +102,19 @@ void Reporter::write_summary(const Summary& s) {
   };
   const auto [p_min, p_max, p_mean, p_never] = stats(s.participation);
   const auto [s_min, s_max, s_mean, s_never] = stats(s.selections);
-  std::vector<MetricField> f{
-      {"rounds", s.rounds},           {"committed", s.committed},
-      {"sim_seconds", s.sim_seconds}, {"clients", std::uint64_t{s.participation.size()}},
-      {"participation_min", p_min},   {"participation_max", p_max},
-      {"participation_mean", p_mean}, {"never_participated", p_never},
-      {"selected_min", s_min},        {"selected_max", s_max},
-      {"selected_mean", s_mean},      {"never_selected", s_never}};
+  std::vector<MetricField> f{{"rounds", s.rounds},
+                             {"committed", s.committed},
+                             {"sim_seconds", s.sim_seconds},
+                             {"clients", std::uint64_t{s.participation.size()}},
+                             {"participation_min", p_min},
+                             {"participation_max", p_max},
+                             {"participation_mean", p_mean},
+                             {"never_participated", p_never},
+                             {"selected_min", s_min},
+                             {"selected_max", s_max},
+                             {"selected_mean", s_mean},
+                             {"never_selected", s_never},
+                             {"clients_unfit", std::uint64_t{s.clients_unfit}}};
   if (s.final_accuracy >= 0) {
     f.push_back({"final_accuracy", s.final_accuracy});
     f.push_back({"final_loss", s.final_loss});

@@ -119,6 +119,8 @@ DeviceProfile draw_profile(const ProfileSpec& spec, std::uint64_t seed, std::uin
   p.online_max = spec.online_max;
   p.phase = rng.uniform();
   p.dropout = spec.dropout;
+  // Drawn last: adding it left every earlier draw of a client as it was.
+  p.memory_bytes = spec.memory_bytes.sample(rng);
   return p;
 }
 
@@ -131,8 +133,8 @@ std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::strin
   while (first < lines.size() && trim(lines[first]).empty()) ++first;
   if (first == lines.size()) throw DataError(std::string(origin) + ": empty device trace");
   const auto header = split(lines[first], ',');
-  const char* names[] = {"gflops",     "uplink_mbps", "downlink_mbps", "latency_ms",
-                         "online_min", "online_max",  "phase",         "dropout"};
+  const char* names[] = {"gflops",     "uplink_mbps", "downlink_mbps", "latency_ms", "online_min",
+                         "online_max", "phase",       "dropout",       "memory"};
   constexpr std::size_t kRequired = 4;
   std::vector<int> column(std::size(names), -1);
   for (std::size_t c = 0; c < header.size(); ++c) {
@@ -141,7 +143,7 @@ std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::strin
     if (it == std::end(names)) {
       throw DataError(where(first) + ": unknown column '" + name +
                       "' (known: gflops, uplink_mbps, downlink_mbps, latency_ms, online_min, "
-                      "online_max, phase, dropout)");
+                      "online_max, phase, dropout, memory)");
     }
     column[static_cast<std::size_t>(it - std::begin(names))] = static_cast<int>(c);
   }
@@ -157,22 +159,22 @@ std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::strin
       throw DataError(where(l) + ": " + std::to_string(cells.size()) + " cells, the header has " +
                       std::to_string(header.size()));
     }
-    double v[std::size(names)] = {0, 0, 0, 0, 1, 1, 0, 0};
+    double v[std::size(names)] = {0, 0, 0, 0, 1, 1, 0, 0, 0};
     for (std::size_t k = 0; k < std::size(names); ++k) {
       if (column[k] < 0) continue;
       const std::string cell = trim(cells[static_cast<std::size_t>(column[k])]);
       if (!parse_number(cell, v[k]))
         throw DataError(where(l) + ": " + names[k] + " '" + cell + "' is not a number");
     }
-    DeviceProfile p{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    DeviceProfile p{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
     if (!(p.gflops > 0 && p.uplink_mbps > 0 && p.downlink_mbps > 0 && p.latency_ms >= 0)) {
       throw DataError(where(l) + ": gflops and bandwidths must be positive, latency non-negative");
     }
     if (!(p.online_min >= 0 && p.online_min <= p.online_max && p.online_max <= 1 &&
-          p.dropout >= 0 && p.dropout <= 1 && p.phase >= 0 && p.phase < 1)) {
-      throw DataError(
-          where(l) +
-          ": need 0 <= online_min <= online_max <= 1, 0 <= dropout <= 1, 0 <= phase < 1");
+          p.dropout >= 0 && p.dropout <= 1 && p.phase >= 0 && p.phase < 1 && p.memory_bytes >= 0)) {
+      throw DataError(where(l) +
+                      ": need 0 <= online_min <= online_max <= 1, 0 <= dropout <= 1, 0 <= phase "
+                      "< 1, memory >= 0");
     }
     out.push_back(p);
   }
@@ -195,7 +197,7 @@ ClientTime client_time(const DeviceProfile& profile, const ClientWork& work) {
   const double latency = profile.latency_ms / 1e3;
   t.download_s =
       latency + static_cast<double>(work.bytes_down) * 8.0 / (profile.downlink_mbps * 1e6);
-  t.compute_s = work.flops / (profile.gflops * 1e9);
+  t.compute_s = work.flops / (profile.gflops * 1e9) * work.slowdown;  // exact when slowdown is 1
   t.upload_s = latency + static_cast<double>(work.bytes_up) * 8.0 / (profile.uplink_mbps * 1e6);
   return t;
 }

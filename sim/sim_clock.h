@@ -8,6 +8,7 @@
 //
 //   download = latency + 8 * bytes_down / downlink          (the pull of every shard's range)
 //   compute  = 6 * parameters * samples / (gflops * 1e9)    (forward 2P + backward 4P per sample)
+//              * slowdown                                  (micro-batches under a memory budget)
 //   upload   = latency + 8 * bytes_up / uplink              (the push to every shard)
 //   finish   = download + compute + upload
 //
@@ -44,6 +45,8 @@ struct DeviceProfile {
   double online_max = 1.0;
   double phase = 0.0;    // time zone as a fraction of a day, [0, 1)
   double dropout = 0.0;  // probability of dropping out of a round it was selected for
+  // Training memory budget in bytes (ALGORITHMS.md 3.5.2); 0: unlimited. Fractions are dropped.
+  double memory_bytes = 0.0;
   bool operator==(const DeviceProfile&) const = default;
 };
 
@@ -67,6 +70,7 @@ struct ProfileSpec {
   Distribution latency_ms{Distribution::Kind::kConst, 50.0, 0.0};
   double online_min = 1.0, online_max = 1.0;  // from "always" or "diurnal:MIN:MAX"
   double dropout = 0.0;
+  Distribution memory_bytes{Distribution::Kind::kConst, 0.0, 0.0};  // const 0: unlimited
 };
 
 // Parses "always" or "diurnal:MIN:MAX" (0 <= MIN <= MAX <= 1) into spec's online range.
@@ -78,7 +82,8 @@ DeviceProfile draw_profile(const ProfileSpec& spec, std::uint64_t seed, std::uin
 
 // A CSV trace of measured devices, one per row, with a header naming the columns: gflops,
 // uplink_mbps, downlink_mbps, latency_ms are required; online_min, online_max, phase and
-// dropout are optional (defaults: always online, phase 0, no dropout). Client i gets row
+// dropout, memory (bytes, 0: unlimited) are optional (defaults: always online, phase 0, no
+// dropout, unlimited memory). Client i gets row
 // i mod rows. Throws DataError naming the file and line.
 std::vector<DeviceProfile> parse_profile_trace(std::string_view text, std::string_view origin);
 std::vector<DeviceProfile> read_profile_trace(const std::filesystem::path& path);
@@ -87,6 +92,10 @@ struct ClientWork {
   std::uint64_t bytes_down = 0;  // payload bytes of the pull replies
   std::uint64_t bytes_up = 0;    // payload bytes of the pushes
   double flops = 0.0;            // training work
+  // Compute time's factor for training in micro-batches (memory_budgets.h): 1 for whole batches.
+  // Activation recomputation is never planned (MemoryPlan::recompute is always false), so no
+  // FLOPs are added for it: its term is 0 today.
+  double slowdown = 1.0;
 };
 
 struct ClientTime {

@@ -21,6 +21,12 @@ TEST_CASE("client_time is latency plus bytes over bandwidth plus work over speed
   CHECK(t.upload_s == doctest::Approx(0.025 + 4e6 / 4e6));
   CHECK(t.total() == doctest::Approx(t.download_s + t.compute_s + t.upload_s));
   CHECK(training_flops(1000, 10) == 60000.0);
+  // Micro-batches under a memory budget: the compute time only, by the factor; 1 is exact.
+  const ClientTime slow = client_time(p, {1'000'000, 500'000, 3e9, 1.25});
+  CHECK(slow.compute_s == doctest::Approx(1.875));
+  CHECK(slow.download_s == t.download_s);
+  CHECK(slow.upload_s == t.upload_s);
+  CHECK(client_time(p, {1'000'000, 500'000, 3e9, 1.0}).compute_s == t.compute_s);
 }
 
 TEST_CASE("samples_per_round follows the trainer's epochs, steps and drop_last") {
@@ -99,6 +105,23 @@ TEST_CASE("profiles are drawn per client, reproducibly, from the configured dist
   CHECK_THROWS_AS(parse_availability("diurnal:0.9:0.2", spec), ConfigError);
 }
 
+TEST_CASE("a memory draw comes last: every other draw of a client is as without it") {
+  ProfileSpec spec;
+  spec.gflops = parse_distribution("uniform:1:3", "profile.gflops");
+  spec.uplink_mbps = parse_distribution("lognormal:5:0.5", "profile.uplink_mbps");
+  ProfileSpec with_memory = spec;
+  with_memory.memory_bytes = parse_distribution("uniform:1e5:1e6", "profile.memory");
+  for (std::uint64_t c = 0; c < 100; ++c) {
+    const DeviceProfile a = draw_profile(spec, 7, c);
+    DeviceProfile b = draw_profile(with_memory, 7, c);
+    CHECK(a.memory_bytes == 0.0);  // unlimited by default
+    CHECK(b.memory_bytes >= 1e5);
+    CHECK(b.memory_bytes <= 1e6);
+    b.memory_bytes = 0.0;
+    CHECK(a == b);
+  }
+}
+
 TEST_CASE("availability and dropout are fixed per (seed, client, round) and match their rates") {
   DeviceProfile p;
   p.dropout = 0.25;
@@ -132,6 +155,20 @@ TEST_CASE("a CSV device trace gives each client a row, with errors naming the li
       doctest::Contains("t.csv:2"), DataError);
   CHECK_THROWS_AS(parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms\n", "t.csv"),
                   DataError);
+  CHECK(rows[0].memory_bytes == 0.0);  // a trace without the memory column: unlimited
+}
+
+TEST_CASE("a device trace's optional memory column gives each row a budget in bytes") {
+  const auto rows = parse_profile_trace(
+      "memory,gflops,uplink_mbps,downlink_mbps,latency_ms\n0,1,2,8,30\n5e5,1,2,8,30\n", "t.csv");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].memory_bytes == 0.0);
+  CHECK(rows[1].memory_bytes == 500000.0);
+  CHECK(rows[1].gflops == 1.0);
+  CHECK_THROWS_WITH_AS(
+      parse_profile_trace("gflops,uplink_mbps,downlink_mbps,latency_ms,memory\n1,2,8,3,-1\n",
+                          "t.csv"),
+      doctest::Contains("memory >= 0"), DataError);
 }
 
 }  // namespace

@@ -97,6 +97,12 @@ int main(int argc, char** argv) {
           "of %zu clients never contributed\n",
           *lo, *hi, static_cast<long long>(never), s.participation.size());
     }
+    if (s.clients_unfit > 0) {
+      std::printf(
+          "cohort-sim: %zu of %zu clients could not train under their memory budget and were "
+          "never selected\n",
+          s.clients_unfit, s.participation.size());
+    }
     if (s.round_wall_seconds > 0) {
       std::printf(
           "cohort-sim: rounds took %.1f s of host time, %.1f s of it local training summed over "

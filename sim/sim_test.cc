@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
+#include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/kernels/memory_plan.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/transport/endpoint.h"
 #include "fleet.h"
@@ -257,6 +259,121 @@ TEST_CASE("virtual clients dropping out mid-round are handled like real ones") {
     }
   }
   CHECK(silent > 0);
+}
+
+// A device trace of the closed-form devices (2 GFLOP/s, 4/8 Mbit/s, 25 ms), a row per memory
+// budget (client i gets row i mod rows); without a memory column (one row) when none is given.
+std::string device_trace(const test::TempDir& dir, const std::string& name,
+                         const std::vector<std::size_t>& memory) {
+  std::ofstream out(dir.file(name));
+  out << "gflops,uplink_mbps,downlink_mbps,latency_ms" << (memory.empty() ? "" : ",memory") << "\n";
+  if (memory.empty()) out << "2,4,8,25\n";
+  for (const std::size_t m : memory) out << "2,4,8,25," << m << "\n";
+  return dir.file(name);
+}
+
+// The measured training peak of config's model and train.* at micro-batch m, on the fleet's
+// device (CPU, one thread): a budget that needs micro-batches of about m.
+std::size_t peak_bytes(const Config& config, std::size_t m) {
+  const auto train = client::trainer_options_from(config.section("train"));
+  const auto device = kernels::make_device("cpu", {.threads = 1});
+  return kernels::measure_peak_bytes(kernels::make_network_spec(config.get_string("model.spec")),
+                                     *device, train.optimizer, train.batch_size, m);
+}
+
+// The closed-form round of the trace's devices: pull, train `samples` slowed by `slowdown`, push.
+double closed_form_round(double samples, double slowdown) {
+  const double p =
+      static_cast<double>(kernels::make_network_spec("mlp:784-16-10").parameter_count());
+  const double bytes = 4 * p;
+  return (0.025 + bytes * 8 / 8e6) + 6 * p * samples / 2e9 * slowdown + (0.025 + bytes * 8 / 4e6);
+}
+
+TEST_CASE("memory budgets: too-small clients are never selected, tight ones train micro-batched") {
+  // Twelve clients: c % 3 == 0 unlimited, 1 under a budget that needs micro-batches, 2 under one
+  // that holds nothing. Every client that can train is selected every round.
+  test::TempDir dir;
+  const std::vector<std::string> base{
+      "sim.clients=12",    "server.clients_per_round=8",      "server.rounds=3",
+      "server.work=fixed", "server.round_deadline_ms=600000", "sim.micro_batch_slowdown=2"};
+  const std::size_t tight = peak_bytes(make_config(dir, base), 8);
+  std::vector<std::string> overrides = base;
+  overrides.push_back("sim.profile_trace=" + device_trace(dir, "devices.csv", {0, tight, 1000}));
+  const Summary s = run(make_config(dir, overrides));
+  CHECK(s.committed == 3);
+  CHECK(s.clients_unfit == 4);
+  for (std::size_t c = 0; c < 12; ++c) {
+    CAPTURE(c);
+    CHECK(s.selections[c] == (c % 3 == 2 ? 0u : 3u));
+    CHECK(s.participation[c] == (c % 3 == 2 ? 0u : 3u));
+  }
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 3);
+  for (const auto& r : rounds) {
+    CHECK(r["selected"] == 8);
+    CHECK(r["completed"] == 8);
+    CHECK(r["micro_batched"] == 4);
+    // The round closes at its slowest client: a micro-batched one, its compute time doubled.
+    CHECK(r["sim_round_seconds"].get<double>() ==
+          doctest::Approx(closed_form_round(60000.0 / 12, 2.0)).epsilon(1e-12));
+  }
+  const auto summaries = records(dir.path() / "sim.jsonl", "sim_summary");
+  REQUIRE(summaries.size() == 1);
+  CHECK(summaries[0]["clients_unfit"] == 4);
+  CHECK(summaries[0]["never_selected"] == 4);
+  for (const auto& r : records(dir.path() / "server.jsonl", "round")) CHECK(r["selected"] == 8);
+}
+
+TEST_CASE("a client under a tight budget learns what whole batches learn, timed by the factor") {
+  // The same six clients, seed and selection, unlimited (an old trace without the memory column)
+  // and under a budget that needs micro-batches: the arithmetic differs only in float rounding.
+  const std::vector<std::string> base{
+      "sim.clients=6",     "server.clients_per_round=3",      "server.rounds=2",
+      "server.work=fixed", "server.round_deadline_ms=600000", "sim.micro_batch_slowdown=1.5",
+      "sim.seed=3"};
+  test::TempDir a, b;
+  std::vector<std::string> whole = base, micro = base;
+  whole.push_back("sim.profile_trace=" + device_trace(a, "devices.csv", {}));
+  const std::size_t tight = peak_bytes(make_config(b, base), 4);
+  micro.push_back("sim.profile_trace=" + device_trace(b, "devices.csv", {tight}));
+  const Summary sa = run(make_config(a, whole));
+  const Summary sb = run(make_config(b, micro));
+  CHECK(sb.clients_unfit == 0);
+  CHECK(sa.selections == sb.selections);
+  CHECK(sb.final_accuracy == doctest::Approx(sa.final_accuracy).epsilon(1e-3));
+  const auto ra = records(a.path() / "sim.jsonl", "sim_round");
+  const auto rb = records(b.path() / "sim.jsonl", "sim_round");
+  REQUIRE(ra.size() == 2);
+  REQUIRE(rb.size() == 2);
+  for (std::size_t i = 0; i < ra.size(); ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(ra[i].contains("micro_batched"));  // no budgets: the record is as it was
+    CHECK(rb[i]["micro_batched"] == 3);
+    CHECK(rb[i]["train_loss"].get<double>() ==
+          doctest::Approx(ra[i]["train_loss"].get<double>()).epsilon(1e-4));
+    CHECK(rb[i]["test_loss"].get<double>() ==
+          doctest::Approx(ra[i]["test_loss"].get<double>()).epsilon(1e-4));
+    CHECK(ra[i]["sim_round_seconds"].get<double>() ==
+          doctest::Approx(closed_form_round(10000, 1.0)).epsilon(1e-12));
+    CHECK(rb[i]["sim_round_seconds"].get<double>() ==
+          doctest::Approx(closed_form_round(10000, 1.5)).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("a fleet in which no client's memory can train the model is refused in one line") {
+  test::TempDir dir;
+  const Config config =
+      make_config(dir, {"sim.clients=6", "server.clients_per_round=3", "server.rounds=1",
+                        "sim.profile_trace=" + device_trace(dir, "devices.csv", {1000, 20000})});
+  try {
+    (void)run(config);
+    FAIL("the simulation should have been refused");
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    CHECK(what.find("none of the 6 clients can train mlp:784-16-10 at batch 32") == 0);
+    CHECK(what.find("below the minimum of") != std::string::npos);
+    CHECK(what.find('\n') == std::string::npos);
+  }
 }
 
 // A coordinator and shard in one ROUTER, scripted: it welcomes two virtual clients, asks client

@@ -34,6 +34,9 @@ struct Summary {
   double eval_cpu_seconds = 0.0;     // CPU time of test-set evaluations (summed over threads)
   double round_wall_seconds = 0.0;   // host time from the first round's start to the last's end
   std::size_t threads = 0;           // local-training threads
+  // Clients whose memory budget (profile.memory) cannot train the model even in micro-batches
+  // of one sample: they never registered, so they were never selected.
+  std::size_t clients_unfit = 0;
   // Per virtual client (index = client): rounds it was selected for, and rounds whose shards
   // took its update (its participation; with train.* work a slow device may have none).
   std::vector<std::uint32_t> selections, participation;
