@@ -118,6 +118,9 @@ ParticipantOptions participant_options_from(const Config& config) {
 
 PeerOptions peer_options_from(const Config& config) {
   PeerOptions o;
+  if (config.get_int("client.memory_budget") != 0) {
+    throw ConfigError("client.memory_budget applies to client.mode = federated only");
+  }
   o.name = non_empty(config, "client.name");
   o.server = non_empty(config, "client.server");
   o.listen = non_empty(config, "peer.listen");

@@ -93,7 +93,7 @@ CLIENT_KEYS = {
     "client.backoff_max_ms", "client.step_delay_ms", "data.dir", "data.partition", "data.part",
     "data.seed", "tls.insecure", "tls.ca_file", "tls.cert_file", "tls.key_file", "tls.coordinator_name",
     "transport.chunk_kib", "transport.aead", "client.mode", "client.attack", "client.attack_scale", "client.dp_clip",
-    "peer.listen", "peer.advertise", "peer.handshake_timeout_ms",
+    "peer.listen", "peer.advertise", "peer.handshake_timeout_ms", "client.memory_budget",
 }
 # Plug-in sections (any key, checked by the plug-in at start-up).
 SERVER_SECTIONS = {"train", "aggregator", "server_optimizer", "decentralized"}
@@ -102,7 +102,7 @@ CLIENT_SECTIONS = {"compressor"}
 TRAIN_KEYS = {
     "batch_size", "epochs", "steps", "drop_last", "optimizer", "lr", "momentum", "nesterov",
     "weight_decay", "beta1", "beta2", "epsilon", "lr_schedule", "prox_mu", "reset_optimizer_state",
-    "eval_batch_size", "device", "threads",
+    "eval_batch_size", "device", "threads", "memory_budget",
 }
 SERVER_MODES = {"federated", "fedbuff", "dataparallel", "decentralized"}
 # Keys of the guessed contract that the binaries do not have, with what to do instead.

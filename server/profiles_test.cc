@@ -234,10 +234,16 @@ TEST_CASE("profiles: the client record names every field, one rate pair per shar
                       .assigned_steps = 12,
                       .local_steps = 12,
                       .measured_samples_per_s = 250,
+                      .peak_training_bytes = 4096,
+                      .micro_batch = 16,
+                      .accumulation = 4,
                       .participations = 3,
                       .profile = measured(250, 2, 0.5f, 0.25f)};
   const auto f = as_map(client_record_fields(r));
-  CHECK(f.size() == 13);
+  CHECK(f.size() == 16);
+  CHECK(std::get<std::uint64_t>(f.at("peak_training_bytes")) == 4096);
+  CHECK(std::get<std::uint64_t>(f.at("micro_batch")) == 16);
+  CHECK(std::get<std::uint64_t>(f.at("accumulation")) == 4);
   CHECK(std::get<std::uint64_t>(f.at("round_id")) == 7);
   CHECK(std::get<std::string>(f.at("client")) == "c-1");
   CHECK(std::get<bool>(f.at("trained")));

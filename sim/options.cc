@@ -43,6 +43,11 @@ void check_client_side(const Config& config) {
         "cohort-sim trains every virtual client on the CPU with one thread each: train.device "
         "and train.threads do not apply (set sim.threads for the number of training threads)");
   }
+  if (trainer_options_from(config.section("train")).memory_budget > 0) {
+    throw ConfigError(
+        "cohort-sim gives each virtual client its own memory: set profile.memory (bytes, or a "
+        "distribution) instead of train.memory_budget");
+  }
   (void)parse_partition_spec(config.get_string("data.partition"));
   if (config.get_int("data.seed") < 0) throw ConfigError("data.seed must be >= 0");
   if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
