@@ -59,8 +59,8 @@ std::size_t MemoryModel::bytes(std::size_t batch, std::size_t micro_batch) const
   const std::size_t m = std::clamp<std::size_t>(micro_batch, 1, std::max<std::size_t>(batch, 1));
   const double per_batch = activations_fixed + workspace_fixed +
                            (activations_per_sample + workspace_per_sample) * static_cast<double>(m);
-  return parameters + gradients + optimizer + (m < batch ? accumulator : 0) +
-         input_per_sample * batch + static_cast<std::size_t>(std::ceil(std::max(per_batch, 0.0)));
+  return parameters + gradients + optimizer + input_per_sample * batch +
+         static_cast<std::size_t>(std::ceil(std::max(per_batch, 0.0)));
 }
 
 MemoryModel measure_memory_model(const NetworkSpec& spec, const Device& device,
@@ -72,7 +72,6 @@ MemoryModel measure_memory_model(const NetworkSpec& spec, const Device& device,
   m.parameters = a.peak.parameters;
   m.gradients = a.peak.gradients;
   m.optimizer = a.peak.optimizer;
-  m.accumulator = m.gradients;
   m.input_per_sample = (input_bytes(spec, 1024) + 1023) / 1024;
   const double span = static_cast<double>(kFitLarge - kFitSmall);
   m.activations_per_sample =
@@ -100,8 +99,7 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
   plan.budget = budget;
   plan.batch = batch;
   plan.model = measure_memory_model(spec, device, optimizer);
-  // Micro-batching adds an accumulator as large as the gradients: for a model with few
-  // activations per parameter (an MLP) the whole batch can need less than micro-batches of one.
+  // Kernel scratch padded to whole panels can make one sample cost as much as a small batch.
   const std::size_t whole = measure_peak_bytes(spec, device, optimizer, batch, batch);
   const std::size_t single =
       batch > 1 ? measure_peak_bytes(spec, device, optimizer, batch, 1) : whole;
@@ -165,7 +163,6 @@ std::string describe(const MemoryPlan& plan, std::string_view model_name) {
   row("parameters", m.parameters);
   row("gradients", m.gradients);
   row("optimizer state", m.optimizer);
-  row("accumulator", m.accumulator, "  (only when micro-batching)");
   row("batch input / sample", m.input_per_sample);
   out << "  activations              " << std::fixed << std::setprecision(0) << std::setw(12)
       << m.activations_fixed << " + " << m.activations_per_sample << " per sample\n";

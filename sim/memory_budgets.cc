@@ -24,12 +24,9 @@ namespace {
 constexpr int kMaxProbes = 6;
 
 // plan_memory()'s choice for any number of budgets, with its probe steps shared: the minimum is
-// measured once and each candidate micro-batch's peak at most once. One difference: a budget
-// that holds the whole batch's measured peak trains whole batches even when it is below the
-// micro-batch-1 minimum, which plan_memory() refuses. That happens: micro-batching adds an
-// accumulator as large as the gradients, so for a model whose activations are small next to
-// its parameters (mlp:784-256-128-10 at batch 32: 3.34 MB whole, 3.94 MB in micro-batches of
-// one) every micro-batched step needs more memory than a whole one.
+// measured once and each candidate micro-batch's peak at most once. As in plan_memory(), a
+// budget that holds the whole batch's measured peak trains whole batches, and the minimum is the
+// smaller of the whole-batch and micro-batch-1 peaks.
 class BudgetPlanner {
  public:
   BudgetPlanner(const kernels::NetworkSpec& spec, const kernels::Device& device,

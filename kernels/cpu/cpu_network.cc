@@ -175,10 +175,6 @@ class CpuNetwork final : public Network {
     detail::check_size("compute_gradients input", input.size(), batch * d);
     detail::check_size("compute_gradients labels", labels.size(), batch);
     const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
-    const bool accumulate = m < batch;
-    if (accumulate && accumulator_.size() != grads_.size()) {
-      accumulator_ = FloatBuffer(grads_.size(), &gradient_bytes_);
-    }
     double loss_sum = 0.0;
     for (std::size_t first = 0; first < batch; first += m) {
       const std::size_t b = std::min(m, batch - first);
@@ -187,27 +183,18 @@ class CpuNetwork final : public Network {
       const std::span<float> dlogits = dlogits_.span().subspan(0, b * c);
       const float loss = softmax_cross_entropy(logits, labels.subspan(first, b), c, dlogits);
       loss_sum += static_cast<double>(loss) * static_cast<double>(b);
-      if (accumulate) {  // d(mean over the batch) = (b / batch) d(mean over the micro-batch)
+      if (m < batch) {  // d(mean over the batch) = (b / batch) d(mean over the micro-batch)
         const float scale = static_cast<float>(b) / static_cast<float>(batch);
         for (float& g : dlogits) g *= scale;
       }
-      backward(dlogits);
-      if (!accumulate) break;
-      if (first == 0) {
-        std::swap(grads_, accumulator_);
-      } else {
-        add_gradients_to_accumulator();
-      }
+      // Micro-batches after the first add their parameter gradients into the first's.
+      run_backward(dlogits, /*accumulate=*/first > 0);
     }
-    if (accumulate) std::swap(grads_, accumulator_);
     ++dropout_calls_;  // one step: the micro-batches shared its dropout stream
     return static_cast<float>(loss_sum / static_cast<double>(batch));
   }
 
-  void set_micro_batch(std::size_t m) override {
-    micro_batch_ = m;
-    if (m == 0) accumulator_ = FloatBuffer(0, &gradient_bytes_);
-  }
+  void set_micro_batch(std::size_t m) override { micro_batch_ = m; }
   std::size_t micro_batch() const override { return micro_batch_; }
 
   void release_batch_buffers() override {
@@ -248,6 +235,12 @@ class CpuNetwork final : public Network {
   void backward(std::span<const float> dlogits) override {
     if (!trained_forward_) throw KernelError("backward: needs a preceding training forward");
     detail::check_size("backward dlogits", dlogits.size(), batch_ * output_size());
+    run_backward(dlogits, /*accumulate=*/false);
+  }
+
+  // accumulate: the parameter gradients are added into gradients() (a micro-batch after the
+  // first); layers without parameters are unaffected.
+  void run_backward(std::span<const float> dlogits, bool accumulate) {
     float* dy = grad_a_.data();
     float* dx = grad_b_.data();
     std::memcpy(dy, dlogits.data(), dlogits.size_bytes());  // kernels may mask it in place
@@ -276,13 +269,13 @@ class CpuNetwork final : public Network {
       const std::size_t n = batch_;
       switch (l.kind) {
         case LayerKind::kLinear:
-          linear_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, l.in, l.out);
+          linear_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, l.in, l.out, accumulate);
           break;
         case LayerKind::kConv2d:
           if (op.fast_conv != nullptr) {
-            op.fast_conv->backward(exec_, w, dy, relu_y, dw, db, want_dx, n);
+            op.fast_conv->backward(exec_, w, dy, relu_y, dw, db, want_dx, n, accumulate);
           } else {
-            conv2d_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, op.conv);
+            conv2d_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, op.conv, accumulate);
           }
           break;
         case LayerKind::kRelu:
@@ -443,15 +436,6 @@ class CpuNetwork final : public Network {
     return {x, batch * output_size()};
   }
 
-  void add_gradients_to_accumulator() {
-    float* acc = accumulator_.data();
-    const float* g = grads_.data();
-    detail::parallel_ranges(pool_, grads_.size(), kOptimizerGrain,
-                            [&](std::size_t b, std::size_t e) {
-                              for (std::size_t i = b; i < e; ++i) acc[i] += g[i];
-                            });
-  }
-
   std::int32_t* argmax(std::size_t op) {
     static_assert(sizeof(std::int32_t) == sizeof(float));
     return reinterpret_cast<std::int32_t*>(argmax_[op].data());  // storage only, never a float
@@ -520,7 +504,6 @@ class CpuNetwork final : public Network {
   FloatBuffer dlogits_;
 
   std::size_t micro_batch_ = 0;  // 0: whole batches
-  FloatBuffer accumulator_;      // micro-batching: the gradient summed so far
 
   // State of the last forward.
   const float* input_ptr_ = nullptr;

@@ -219,15 +219,14 @@ void linear_forward_gemm(Exec& exec, const float* x, const float* w, const float
 
 void linear_backward_gemm(Exec& exec, const float* x, const float* w, float* dy,
                           const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
-                          std::size_t in, std::size_t out) {
+                          std::size_t in, std::size_t out, bool accumulate) {
   if (relu_y != nullptr) relu_backward(relu_y, dy, dy, n * out);
   // Part p computes rows [o0, o1) of dw and db and rows [r0, r1) of dx: no reduction needed.
   const std::size_t parts = detail::part_count(exec.pool, std::min(n, out), kLinearRowGrain);
   detail::parallel_parts(exec.pool, parts, 1, [&](std::size_t p, std::size_t, std::size_t) {
     const std::size_t o0 = out * p / parts, o1 = out * (p + 1) / parts;
-    gemm(o1 - o0, in, n, transposed(dy + o0, out), row_major(x, in), dw + o0 * in, in,
-         /*accumulate=*/false);
-    std::fill(db + o0, db + o1, 0.0f);
+    gemm(o1 - o0, in, n, transposed(dy + o0, out), row_major(x, in), dw + o0 * in, in, accumulate);
+    if (!accumulate) std::fill(db + o0, db + o1, 0.0f);
     for (std::size_t r = 0; r < n; ++r) {
       const float* row = dy + r * out;
       for (std::size_t j = o0; j < o1; ++j) db[j] += row[j];
@@ -334,7 +333,7 @@ void linear_forward_micro(Exec& exec, const float* x, const float* w, const floa
 
 void linear_backward_micro(Exec& exec, const float* x, const float* w, float* dy,
                            const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
-                           std::size_t in, std::size_t out) {
+                           std::size_t in, std::size_t out, bool accumulate) {
   if (relu_y != nullptr) relu_backward(relu_y, dy, dy, n * out);
   // dy^T, contiguous per output: the broadcast rows of dW = dy^T X; db from the same rows.
   float* dyt = exec.workspace->floats(0, 2, out * n);
@@ -342,7 +341,7 @@ void linear_backward_micro(Exec& exec, const float* x, const float* w, float* dy
   for (std::size_t o = 0; o < out; ++o) {
     float sum = 0.0f;
     for (std::size_t r = 0; r < n; ++r) sum += dyt[o * n + r];
-    db[o] = sum;
+    db[o] = accumulate ? db[o] + sum : sum;
   }
   // Columns of dW and dx in 16-wide strips. Each part copies its strip of x (n x 16) and of w
   // (out x 16) into contiguous zero-padded panels: read in place, their rows (a whole input
@@ -361,7 +360,7 @@ void linear_backward_micro(Exec& exec, const float* x, const float* w, float* dy
         const std::size_t mr = std::min(kMr, out - o);
         for (std::size_t i = 0; i < kMr; ++i) rows[i] = dyt + (o + std::min(i, mr - 1)) * n;
         rows_kernel<2, false>(n, rows, nullptr, xs, kPanel, acc);
-        store_tile<2>(acc, dw + o * in + i0, in, mr, width, nullptr, false, false);
+        store_tile<2>(acc, dw + o * in + i0, in, mr, width, nullptr, false, accumulate);
       }
       if (dx == nullptr) continue;
       copy_strip(w + i0, out, in, width, ws);
@@ -390,11 +389,11 @@ void linear_forward(Exec& exec, const float* x, const float* w, const float* b, 
 
 void linear_backward(Exec& exec, const float* x, const float* w, float* dy, const float* relu_y,
                      float* dw, float* db, float* dx, std::size_t n, std::size_t in,
-                     std::size_t out) {
+                     std::size_t out, bool accumulate) {
 #if COHORT_LINEAR_MICRO
-  linear_backward_micro(exec, x, w, dy, relu_y, dw, db, dx, n, in, out);
+  linear_backward_micro(exec, x, w, dy, relu_y, dw, db, dx, n, in, out, accumulate);
 #else
-  linear_backward_gemm(exec, x, w, dy, relu_y, dw, db, dx, n, in, out);
+  linear_backward_gemm(exec, x, w, dy, relu_y, dw, db, dx, n, in, out, accumulate);
 #endif
 }
 
@@ -437,17 +436,19 @@ void conv2d_forward(Exec& exec, const float* x, const float* w, const float* b, 
 
 void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy,
                      const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
-                     const ConvGeometry& g) {
+                     const ConvGeometry& g, bool accumulate) {
   const std::size_t K = g.patch(), P = g.positions(), C = g.out_channels;
   const std::size_t parts = detail::part_count(exec.pool, n, 1);
-  // Part 0 accumulates straight into dw/db; other parts into scratch slot 3, summed after.
+  // Part 0 sums straight into dw/db (unless accumulating into them); other parts into scratch
+  // slot 3, added after.
+  const bool direct = !accumulate;
   detail::parallel_parts(exec.pool, n, 1, [&](std::size_t part, std::size_t s0, std::size_t s1) {
     const std::size_t chunk = chunk_samples(g, s1 - s0);
     float* cols = exec.workspace->floats(part, 0, K * P * chunk);
     float* grad = exec.workspace->floats(part, 1, C * P * chunk);
     float* dcols = dx != nullptr ? exec.workspace->floats(part, 2, K * P * chunk) : nullptr;
-    float* partial_w = part == 0 ? dw : exec.workspace->floats(part, 3, C * K + C);
-    float* partial_b = part == 0 ? db : partial_w + C * K;
+    float* partial_w = part == 0 && direct ? dw : exec.workspace->floats(part, 3, C * K + C);
+    float* partial_b = part == 0 && direct ? db : partial_w + C * K;
     std::fill(partial_w, partial_w + C * K, 0.0f);
     VectorMap grad_b(partial_b, ix(C));
     // A thin patch (conv1: K = 25 < C = 32) wastes a third of the 16-wide GEMM panels as the N
@@ -493,7 +494,7 @@ void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy
       }
     }
   });
-  for (std::size_t part = 1; part < parts; ++part) {
+  for (std::size_t part = direct ? 1 : 0; part < parts; ++part) {
     const float* partial = exec.workspace->floats(part, 3, C * K + C);
     VectorMap(dw, ix(C * K)) += ConstVectorMap(partial, ix(C * K));
     VectorMap(db, ix(C)) += ConstVectorMap(partial + C * K, ix(C));

@@ -3,10 +3,10 @@
 // Stride-1 convolutions have a faster channels-last path in nhwc_conv.h.
 //
 // Layout: NCHW (unless a name says _nhwc), batch-major, contiguous; weights as in network.h.
-// Every function processes n samples. backward functions overwrite (never accumulate into) dw,
-// db and dx; dx == nullptr skips the input gradient (the first layer never needs it). Work is
-// split over exec.pool when there is one; exec.workspace provides per-part scratch that grows
-// once and is then reused.
+// Every function processes n samples. backward functions overwrite dw, db and dx (or, with
+// accumulate, add into dw and db); dx == nullptr skips the input gradient (the first layer never
+// needs it). Work is split over exec.pool when there is one; exec.workspace provides per-part
+// scratch that grows once and is then reused.
 #pragma once
 
 #include <array>
@@ -67,9 +67,10 @@ PoolGeometry pool_geometry(const LayerSpec& layer);
 void linear_forward(Exec& exec, const float* x, const float* w, const float* b, float* y,
                     std::size_t n, std::size_t in, std::size_t out, bool relu);
 // When relu_y != nullptr (the fused ReLU's output) dy is first masked in place by relu_y > 0.
+// accumulate: dw and db receive += (micro-batches summing into one gradient); dx is overwritten.
 void linear_backward(Exec& exec, const float* x, const float* w, float* dy, const float* relu_y,
                      float* dw, float* db, float* dx, std::size_t n, std::size_t in,
-                     std::size_t out);
+                     std::size_t out, bool accumulate = false);
 
 void relu_forward(const float* x, float* y, std::size_t count);
 // dx = dy * (y > 0); dx may alias dy.
@@ -80,7 +81,7 @@ void conv2d_forward(Exec& exec, const float* x, const float* w, const float* b, 
                     std::size_t n, const ConvGeometry& g, bool relu);
 void conv2d_backward(Exec& exec, const float* x, const float* w, const float* dy,
                      const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
-                     const ConvGeometry& g);
+                     const ConvGeometry& g, bool accumulate = false);
 
 // argmax receives, per output element, the index of the chosen input within its channel plane.
 void maxpool2d_forward(Exec& exec, const float* x, float* y, std::int32_t* argmax, std::size_t n,

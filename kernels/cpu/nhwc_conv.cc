@@ -133,13 +133,13 @@ void NhwcConv::forward(Exec& exec, const float* x, const float* w, const float* 
 }
 
 void NhwcConv::backward(Exec& exec, const float* w, const float* dy, const float* relu_y, float* dw,
-                        float* db, float* dx, std::size_t n) {
+                        float* db, float* dx, std::size_t n, bool accumulate) {
   COHORT_CHECK(n <= capacity_) << "nhwc conv2d backward before forward";
   reserve(n, detail::part_count(exec.pool, n, 1));
   if (algorithm_ == Algorithm::kDirect) {
-    backward_direct(exec, w, dy, relu_y, dw, db, dx, n);
+    backward_direct(exec, w, dy, relu_y, dw, db, dx, n, accumulate);
   } else {
-    backward_winograd(exec, w, dy, relu_y, dw, db, dx, n);
+    backward_winograd(exec, w, dy, relu_y, dw, db, dx, n, accumulate);
   }
 }
 
@@ -270,7 +270,7 @@ void NhwcConv::forward_direct(Exec& exec, const float* w, const float* b, float*
 }
 
 void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, const float* relu_y,
-                               float* dw, float* db, float* dx, std::size_t n) {
+                               float* dw, float* db, float* dx, std::size_t n, bool accumulate) {
   const std::size_t k = g_.kernel, ci = g_.in_channels, co = g_.out_channels;
   const std::size_t oh = g_.out_height, ow = g_.out_width, p = g_.padding;
   const std::size_t q = k - 1 - p, dy_h = oh + 2 * q, dy_w = ow + 2 * q;
@@ -362,11 +362,14 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
   for (std::size_t o = 0; o < co; ++o) {
     for (std::size_t c = 0; c < ci; ++c) {
       for (std::size_t kk = 0; kk < k * k; ++kk) {
-        dw[(o * ci + c) * k * k + kk] = sum[(kk * ci + c) * cols_w + o];
+        const float v = sum[(kk * ci + c) * cols_w + o];
+        float& d = dw[(o * ci + c) * k * k + kk];
+        d = accumulate ? d + v : v;
       }
     }
   }
-  std::copy(parts_[0].db.data(), parts_[0].db.data() + co, db);
+  for (std::size_t c = 0; c < co; ++c)
+    db[c] = accumulate ? db[c] + parts_[0].db[c] : parts_[0].db[c];
 }
 
 #else  // no AVX2: can_run() is false, so no NhwcConv is ever constructed
@@ -380,13 +383,13 @@ void NhwcConv::pad_input(Exec&, const float*, std::size_t) {}
 void NhwcConv::forward(Exec&, const float*, const float*, const float*, float*, std::size_t, bool) {
 }
 void NhwcConv::backward(Exec&, const float*, const float*, const float*, float*, float*, float*,
-                        std::size_t) {}
+                        std::size_t, bool) {}
 void NhwcConv::forward_direct(Exec&, const float*, const float*, float*, std::size_t, bool) {}
 void NhwcConv::backward_direct(Exec&, const float*, const float*, const float*, float*, float*,
-                               float*, std::size_t) {}
+                               float*, std::size_t, bool) {}
 void NhwcConv::forward_winograd(Exec&, const float*, const float*, float*, std::size_t, bool) {}
 void NhwcConv::backward_winograd(Exec&, const float*, const float*, const float*, float*, float*,
-                                 float*, std::size_t) {}
+                                 float*, std::size_t, bool) {}
 
 #endif
 

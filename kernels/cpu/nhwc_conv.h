@@ -51,9 +51,9 @@ class NhwcConv {
   // REQUIRES: the last forward() had the same n and weights w (its input is kept; Winograd
   // reuses the weights' transform). When relu_y is not null
   // (the fused ReLU's output), dy is masked by relu_y > 0 first; dy itself is not modified.
-  // Overwrites dw, db and (unless null) dx.
+  // Overwrites dw, db and (unless null) dx; with accumulate, adds into dw and db.
   void backward(Exec& exec, const float* w, const float* dy, const float* relu_y, float* dw,
-                float* db, float* dx, std::size_t n);
+                float* db, float* dx, std::size_t n, bool accumulate = false);
 
  private:
   struct Part;  // per-thread scratch
@@ -63,11 +63,11 @@ class NhwcConv {
   void forward_direct(Exec& exec, const float* w, const float* b, float* y, std::size_t n,
                       bool relu);
   void backward_direct(Exec& exec, const float* w, const float* dy, const float* relu_y, float* dw,
-                       float* db, float* dx, std::size_t n);
+                       float* db, float* dx, std::size_t n, bool accumulate);
   void forward_winograd(Exec& exec, const float* w, const float* b, float* y, std::size_t n,
                         bool relu);
   void backward_winograd(Exec& exec, const float* w, const float* dy, const float* relu_y,
-                         float* dw, float* db, float* dx, std::size_t n);
+                         float* dw, float* db, float* dx, std::size_t n, bool accumulate);
 
   ConvGeometry g_;
   Algorithm algorithm_;

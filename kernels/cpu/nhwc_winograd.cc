@@ -85,10 +85,10 @@ void transform_weights(Exec& exec, const float* w, std::size_t k, std::size_t ci
   });
 }
 
-// dw[o][c] = Gt dU[.][o][c] G for dU laid out [xi][o][c], 8 input channels per vector.
-// REQUIRES ci % 8 == 0.
+// dw[o][c] = Gt dU[.][o][c] G (accumulate: +=) for dU laid out [xi][o][c], 8 input channels per
+// vector. REQUIRES ci % 8 == 0.
 void transform_weight_gradient(Exec& exec, const float* du, std::size_t k, std::size_t ci,
-                               std::size_t co, float* dw) {
+                               std::size_t co, float* dw, bool accumulate) {
   const std::size_t taps = k * k;
   detail::parallel_ranges(exec.pool, co, 8, [&](std::size_t o0, std::size_t o1) {
     __m256 v[kXi], t[kAlpha][5];
@@ -119,7 +119,11 @@ void transform_weight_gradient(Exec& exec, const float* du, std::size_t k, std::
         }
         for (std::size_t l = 0; l < 8; ++l) {
           float* dst = dw + (o * ci + c + l) * taps;
-          for (std::size_t i = 0; i < taps; ++i) dst[i] = out[i][l];
+          if (accumulate) {
+            for (std::size_t i = 0; i < taps; ++i) dst[i] += out[i][l];
+          } else {
+            for (std::size_t i = 0; i < taps; ++i) dst[i] = out[i][l];
+          }
         }
       }
     }
@@ -223,7 +227,7 @@ void NhwcConv::forward_winograd(Exec& exec, const float* w, const float* b, floa
 }
 
 void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, const float* relu_y,
-                                 float* dw, float* db, float* dx, std::size_t n) {
+                                 float* dw, float* db, float* dx, std::size_t n, bool accumulate) {
   (void)w;  // the transformed weights of forward() (wpack_) are still current
   const std::size_t k = g_.kernel, ci = g_.in_channels, co = g_.out_channels, m = m_;
   const std::size_t oh = g_.out_height, ow = g_.out_width, p = g_.padding;
@@ -331,8 +335,9 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
     for (std::size_t c = 0; c < co; ++c) parts_[0].db[c] += parts_[part].db[c];
   }
   // dw = Gt dU G per (o, c).
-  transform_weight_gradient(exec, parts_[0].dw.data(), k, ci, co, dw);
-  std::copy(parts_[0].db.data(), parts_[0].db.data() + co, db);
+  transform_weight_gradient(exec, parts_[0].dw.data(), k, ci, co, dw, accumulate);
+  for (std::size_t c = 0; c < co; ++c)
+    db[c] = accumulate ? db[c] + parts_[0].db[c] : parts_[0].db[c];
 }
 
 #endif  // COHORT_NHWC_AVX2

@@ -3,10 +3,10 @@
 //
 // The model is measured, not guessed: a throw-away Network on the same device (same threads, so
 // the same kernel scratch) runs one training step on zeros at two micro-batch sizes, and its
-// tracking allocator (Network::memory()) gives the bytes of every kind. Parameters, gradients,
-// optimizer state and the accumulator do not depend on the batch; activations and kernel
-// workspace are fitted as fixed + per-sample bytes. The trainer's own batch buffer (features and
-// labels of one full batch) is added.
+// tracking allocator (Network::memory()) gives the bytes of every kind. Parameters, gradients
+// and optimizer state do not depend on the batch (micro-batches add their gradients in place:
+// no accumulator); activations and kernel workspace are fitted as fixed + per-sample bytes. The
+// trainer's own batch buffer (features and labels of one full batch) is added.
 //
 // The plan keeps the configured batch B (the effective batch of each optimizer step) and picks a
 // micro-batch m and k = ceil(B / m) accumulation steps: the largest m whose peak fits the
@@ -31,7 +31,6 @@ struct MemoryModel {
   std::size_t parameters = 0;
   std::size_t gradients = 0;
   std::size_t optimizer = 0;
-  std::size_t accumulator = 0;       // added when a step runs as more than one micro-batch
   std::size_t input_per_sample = 0;  // the trainer's batch buffer: features and label
   double activations_fixed = 0, activations_per_sample = 0;
   double workspace_fixed = 0, workspace_per_sample = 0;
@@ -61,8 +60,8 @@ struct MemoryPlan {
   std::size_t predicted_bytes = 0;
   std::size_t peak_bytes = 0;  // measured by a probe step at micro_batch
   // The least budget that trains: the smaller measured peak of micro-batches of one sample and
-  // of the whole batch (micro-batching adds an accumulator as large as the gradients, which for
-  // an MLP outweighs the activations it saves).
+  // of the whole batch (kernels whose scratch is padded to whole panels can need as much for
+  // one sample as for a small batch).
   std::size_t minimum_bytes = 0;
   MemoryModel model;
 

@@ -130,7 +130,7 @@ struct Evaluation {
 // the high-water mark of the sum (at most the sum of the kinds' peaks).
 struct MemoryUse {
   std::size_t parameters = 0;   // the parameter vector
-  std::size_t gradients = 0;    // the gradient vector, and the accumulator when micro-batching
+  std::size_t gradients = 0;    // the gradient vector (micro-batches add into it in place)
   std::size_t optimizer = 0;    // momentum, Adam moments
   std::size_t activations = 0;  // per-batch buffers: layer outputs kept for backward, dropout
                                 // masks, max-pool argmax, activation gradients, logit gradients
