@@ -35,12 +35,24 @@ std::size_t size_class(std::size_t bytes) {
 
 }  // namespace
 
-void MemoryTracker::allocated(std::size_t bytes) noexcept {
+void MemoryTracker::allocated(std::size_t bytes) {
   const std::size_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  if (limit != 0 && now > limit) {
+    current_.fetch_sub(bytes, std::memory_order_relaxed);
+    throw std::bad_alloc();
+  }
+  if (parent_ != nullptr) {
+    try {
+      parent_->allocated(bytes);
+    } catch (...) {
+      current_.fetch_sub(bytes, std::memory_order_relaxed);
+      throw;
+    }
+  }
   std::size_t peak = peak_.load(std::memory_order_relaxed);
   while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
-  if (parent_ != nullptr) parent_->allocated(bytes);
 }
 
 void MemoryTracker::released(std::size_t bytes) noexcept {
@@ -63,19 +75,23 @@ FloatBuffer::FloatBuffer(std::size_t size, MemoryTracker* tracker)
     : data_(nullptr, Free(tracker, 0, false)), size_(size) {
   if (size == 0) return;
   std::size_t bytes = aligned_size(size * sizeof(float));
-  if (tracker != nullptr && bytes >= kMappedBufferBytes) {
+  const bool mapped = tracker != nullptr && bytes >= kMappedBufferBytes;
+  if (mapped) bytes = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  if (tracker != nullptr) tracker->allocated(bytes);  // first: it may refuse (its limit)
+  void* p = nullptr;
+  if (mapped) {
     // Fresh anonymous pages are zero: nothing to clear, and none resident until written.
-    bytes = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    data_ = std::unique_ptr<float[], Free>(static_cast<float*>(p), Free(tracker, bytes, true));
-    tracker->allocated(bytes);
-    return;
+    p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(kBufferAlignment, bytes);
   }
-  data_ = std::unique_ptr<float[], Free>(static_cast<float*>(aligned_bytes(bytes)),
-                                         Free(tracker, bytes, false));
-  if (tracker != nullptr) tracker->allocated(bytes);
-  std::memset(data_.get(), 0, size * sizeof(float));
+  if (p == nullptr) {
+    if (tracker != nullptr) tracker->released(bytes);
+    throw std::bad_alloc();
+  }
+  data_ = std::unique_ptr<float[], Free>(static_cast<float*>(p), Free(tracker, bytes, mapped));
+  if (!mapped) std::memset(data_.get(), 0, size * sizeof(float));
 }
 
 FloatBuffer::FloatBuffer(std::span<const float> values) : FloatBuffer(values.size()) {

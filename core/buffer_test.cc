@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,24 @@ TEST_CASE("a MemoryTracker counts what its buffers hold and the most they held a
   cohort::FloatBuffer empty(0, &tracker);
   empty.resize(16);  // an empty tracked buffer stays tracked
   CHECK(tracker.current() == 64);
+}
+
+TEST_CASE("a MemoryTracker's limit refuses the buffer that would pass it, counting nothing") {
+  cohort::MemoryTracker total;
+  cohort::MemoryTracker part(&total);
+  total.set_limit(1024);
+  cohort::FloatBuffer a(128, &part);                                 // 512 bytes
+  CHECK_THROWS_AS(cohort::FloatBuffer(200, &part), std::bad_alloc);  // 800 more: past 1024
+  CHECK(part.current() == 512);
+  CHECK(total.current() == 512);
+  CHECK(total.peak() == 512);
+  cohort::FloatBuffer b(128, &part);  // exactly the limit
+  CHECK(total.current() == 1024);
+  total.set_limit(0);
+  cohort::FloatBuffer c(1 << 20, &part);  // no limit; 4 MiB: mapped pages, zeroed
+  CHECK(c[0] == 0.0f);
+  CHECK(c[(1 << 20) - 1] == 0.0f);
+  CHECK(total.current() == 1024 + (4 << 20));
 }
 
 TEST_CASE("BufferPool reuses blocks instead of allocating per request") {

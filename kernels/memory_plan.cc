@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <iomanip>
+#include <new>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -13,10 +15,9 @@
 namespace cohort::kernels {
 namespace {
 
-// Micro-batch sizes the model is fitted at: big enough that every kernel splits its work over
-// all its parts and pads whole panels, as it does at the batches people train with.
+// The model is fitted at micro-batches 16 and 32 (every kernel splits its work over all its parts
+// and pads whole panels, as at the batches people train with), or smaller under a tight budget.
 constexpr std::size_t kFitSmall = 16;
-constexpr std::size_t kFitLarge = 32;
 // Probe steps plan_memory() runs on candidates the model says fit, before it tries micro-batch 1.
 constexpr int kMaxProbes = 6;
 
@@ -31,26 +32,71 @@ std::size_t input_bytes(const NetworkSpec& spec, std::size_t batch) {
          aligned(batch * sizeof(std::int32_t));
 }
 
-struct Probe {
-  MemoryUse peak;
-};
-
-// One training step and one evaluation of `batch` zero samples on a fresh network.
-Probe probe(const NetworkSpec& spec, const Device& device, const OptimizerOptions& optimizer,
-            std::size_t batch, std::size_t micro_batch) {
-  auto net = device.make_network(spec);
-  if (!net->memory().tracked) {
-    throw KernelError("the " + device.name() +
-                      " device does not count its memory: train.memory_budget needs cpu");
+// One training step and one evaluation of `batch` zero samples on a fresh network: its peak, or
+// nullopt when that would take more than `limit` bytes (0: no limit; nothing past the limit is
+// ever allocated, so probing never costs more memory than the budget being planned for).
+std::optional<MemoryUse> probe(const NetworkSpec& spec, const Device& device,
+                               const OptimizerOptions& optimizer, std::size_t batch,
+                               std::size_t micro_batch, std::size_t limit) {
+  const std::size_t input = input_bytes(spec, batch);
+  if (limit != 0 && limit <= input) return std::nullopt;
+  try {
+    auto net = device.make_network(spec);
+    if (!net->memory().tracked) {
+      throw KernelError("the " + device.name() +
+                        " device does not count its memory: train.memory_budget needs cpu");
+    }
+    if (limit != 0) {
+      if (net->memory().current.total > limit - input) return std::nullopt;
+      net->set_memory_limit(limit - input);
+    }
+    net->init(1);
+    net->set_optimizer(optimizer);
+    net->set_micro_batch(micro_batch < batch ? micro_batch : 0);
+    const std::vector<float> x(batch * spec.input_shape().size(), 0.0f);
+    const std::vector<std::int32_t> y(batch, 0);
+    net->train_step(x, y, batch);
+    (void)net->evaluate(x, y, batch);
+    return net->memory().peak;
+  } catch (const std::bad_alloc&) {
+    if (limit == 0) throw;
+    return std::nullopt;
   }
-  net->init(1);
-  net->set_optimizer(optimizer);
-  net->set_micro_batch(micro_batch < batch ? micro_batch : 0);
-  const std::vector<float> x(batch * spec.input_shape().size(), 0.0f);
-  const std::vector<std::int32_t> y(batch, 0);
-  net->train_step(x, y, batch);
-  (void)net->evaluate(x, y, batch);
-  return {net->memory().peak};
+}
+
+std::optional<std::size_t> probe_total(const NetworkSpec& spec, const Device& device,
+                                       const OptimizerOptions& optimizer, std::size_t batch,
+                                       std::size_t micro_batch, std::size_t limit) {
+  const auto peak = probe(spec, device, optimizer, batch, micro_batch, limit);
+  if (!peak) return std::nullopt;
+  return peak->total + input_bytes(spec, batch);
+}
+
+// The model fitted at micro-batches a and 2a (a whole step each), the largest a in 16, 4, 1
+// whose probes stay within limit; nullopt when not even a = 1 does.
+std::optional<MemoryModel> fit_model(const NetworkSpec& spec, const Device& device,
+                                     const OptimizerOptions& optimizer, std::size_t limit) {
+  for (const std::size_t a : {kFitSmall, std::size_t{4}, std::size_t{1}}) {
+    const auto small = probe(spec, device, optimizer, a, a, limit);
+    if (!small) continue;
+    const auto large = probe(spec, device, optimizer, 2 * a, 2 * a, limit);
+    if (!large) continue;
+    MemoryModel m;
+    m.device = device.description();
+    m.parameters = small->parameters;
+    m.gradients = small->gradients;
+    m.optimizer = small->optimizer;
+    m.input_per_sample = (input_bytes(spec, 1024) + 1023) / 1024;
+    const auto at = static_cast<double>(a);
+    m.activations_per_sample =
+        (static_cast<double>(large->activations) - static_cast<double>(small->activations)) / at;
+    m.activations_fixed = static_cast<double>(small->activations) - m.activations_per_sample * at;
+    m.workspace_per_sample =
+        (static_cast<double>(large->workspace) - static_cast<double>(small->workspace)) / at;
+    m.workspace_fixed = static_cast<double>(small->workspace) - m.workspace_per_sample * at;
+    return m;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -65,30 +111,13 @@ std::size_t MemoryModel::bytes(std::size_t batch, std::size_t micro_batch) const
 
 MemoryModel measure_memory_model(const NetworkSpec& spec, const Device& device,
                                  const OptimizerOptions& optimizer) {
-  const Probe a = probe(spec, device, optimizer, kFitSmall, kFitSmall);
-  const Probe b = probe(spec, device, optimizer, kFitLarge, kFitLarge);
-  MemoryModel m;
-  m.device = device.description();
-  m.parameters = a.peak.parameters;
-  m.gradients = a.peak.gradients;
-  m.optimizer = a.peak.optimizer;
-  m.input_per_sample = (input_bytes(spec, 1024) + 1023) / 1024;
-  const double span = static_cast<double>(kFitLarge - kFitSmall);
-  m.activations_per_sample =
-      (static_cast<double>(b.peak.activations) - static_cast<double>(a.peak.activations)) / span;
-  m.activations_fixed = static_cast<double>(a.peak.activations) -
-                        m.activations_per_sample * static_cast<double>(kFitSmall);
-  m.workspace_per_sample =
-      (static_cast<double>(b.peak.workspace) - static_cast<double>(a.peak.workspace)) / span;
-  m.workspace_fixed = static_cast<double>(a.peak.workspace) -
-                      m.workspace_per_sample * static_cast<double>(kFitSmall);
-  return m;
+  return *fit_model(spec, device, optimizer, 0);
 }
 
 std::size_t measure_peak_bytes(const NetworkSpec& spec, const Device& device,
                                const OptimizerOptions& optimizer, std::size_t batch,
                                std::size_t micro_batch) {
-  return probe(spec, device, optimizer, batch, micro_batch).peak.total + input_bytes(spec, batch);
+  return *probe_total(spec, device, optimizer, batch, micro_batch, 0);
 }
 
 MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
@@ -98,12 +127,14 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
   MemoryPlan plan;
   plan.budget = budget;
   plan.batch = batch;
-  plan.model = measure_memory_model(spec, device, optimizer);
-  // Kernel scratch padded to whole panels can make one sample cost as much as a small batch.
-  const std::size_t whole = measure_peak_bytes(spec, device, optimizer, batch, batch);
-  const std::size_t single =
-      batch > 1 ? measure_peak_bytes(spec, device, optimizer, batch, 1) : whole;
-  plan.minimum_bytes = std::min(whole, single);
+  // Every probe runs under the budget: planning never allocates more than training may.
+  const auto single = probe_total(spec, device, optimizer, batch, 1, budget);
+  const auto fitted = fit_model(spec, device, optimizer, budget);
+  if (fitted) plan.model = *fitted;
+  // A model that predicts the whole batch fits (or no model: nothing fits) is checked by a probe.
+  const auto whole = !fitted || plan.model.bytes(batch, batch) <= budget || budget == 0
+                         ? probe_total(spec, device, optimizer, batch, batch, budget)
+                         : std::nullopt;
   const auto choose = [&](std::size_t m, std::size_t peak) {
     plan.micro_batch = m;
     plan.accumulation = (batch + m - 1) / m;
@@ -111,30 +142,41 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
     plan.peak_bytes = peak;
     return plan;
   };
-  if (budget == 0 || whole <= budget) return choose(batch, whole);
-  if (budget < plan.minimum_bytes) {
+  if (single && whole) {
+    plan.minimum_bytes = std::min(*single, *whole);
+  } else if (single || whole) {
+    plan.minimum_bytes = single ? *single : *whole;
+  }
+  if (whole) return choose(batch, *whole);
+  if (!single) {
+    // Nothing fits: measure the minimum without the budget, for the message (the whole batch
+    // only where the model says it could be the smaller).
+    plan.minimum_bytes = measure_peak_bytes(spec, device, optimizer, batch, 1);
+    if (fitted && plan.model.bytes(batch, batch) < plan.minimum_bytes) {
+      plan.minimum_bytes =
+          std::min(plan.minimum_bytes, measure_peak_bytes(spec, device, optimizer, batch, batch));
+    }
     throw ConfigError("cannot train " + std::string(model_name) + " at batch " +
                       std::to_string(batch) + " under a memory budget of " +
                       std::to_string(budget) + " bytes (" + format_bytes(budget) +
                       "): it needs at least " + std::to_string(plan.minimum_bytes) + " bytes (" +
                       format_bytes(plan.minimum_bytes) + ")");
   }
-  // Candidates: the largest micro-batch for each accumulation count k = 1, 2, ...
-  std::vector<std::size_t> candidates;
-  for (std::size_t k = 1; k <= batch; ++k) {
-    const std::size_t m = (batch + k - 1) / k;
-    if (candidates.empty() || m < candidates.back()) candidates.push_back(m);
-  }
+  // Candidates: the largest micro-batch for each accumulation count k = 2, 3, ...; the first
+  // the model says fits and a probe confirms wins.
+  std::size_t previous = batch;
   int probes = 0;
-  for (const std::size_t m : candidates) {
-    if (m == batch) continue;  // measured above: it does not fit
-    if (m == 1) break;
+  for (std::size_t k = 2; k <= batch && probes < kMaxProbes; ++k) {
+    const std::size_t m = (batch + k - 1) / k;
+    if (m == previous || m == 1) continue;
+    previous = m;
     if (plan.model.bytes(batch, m) > budget) continue;
-    if (++probes > kMaxProbes) break;
-    const std::size_t peak = measure_peak_bytes(spec, device, optimizer, batch, m);
-    if (peak <= budget) return choose(m, peak);
+    ++probes;
+    if (const auto peak = probe_total(spec, device, optimizer, batch, m, budget)) {
+      return choose(m, *peak);
+    }
   }
-  return choose(1, single);
+  return choose(1, *single);
 }
 
 std::string format_bytes(std::size_t bytes) {

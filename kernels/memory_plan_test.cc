@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <new>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,6 +122,29 @@ TEST_CASE("micro-batching bounds the activation memory the network allocates") {
   CHECK(quarter.activations * 3 < whole.activations);  // ~1/4, plus fixed buffers
   CHECK(quarter.gradients == whole.gradients);         // accumulated in place
   CHECK(quarter.total < whole.total);
+}
+
+TEST_CASE("a network under a memory limit refuses the allocation that would pass it") {
+  const auto device = make_device("cpu", {.threads = 1});
+  const NetworkSpec spec = make_network_spec("cnn:lenet5");
+  const auto x = random_vector(64 * spec.input_shape().size(), 1);
+  const auto y = random_labels(64, 10, 2);
+  const OptimizerOptions sgd{.learning_rate = 0.01f};
+  const std::size_t limit = measure_peak_bytes(spec, *device, sgd, 64, 16) -
+                            64 * (spec.input_shape().size() + 1) * sizeof(float);
+  auto net = device->make_network(spec);
+  net->init(1);
+  net->set_optimizer(sgd);
+  net->set_memory_limit(limit);
+  CHECK_THROWS_AS(net->train_step(x, y, 64), std::bad_alloc);  // whole batches need more
+  CHECK(net->memory().peak.total <= limit);
+  auto fits = device->make_network(spec);
+  fits->init(1);
+  fits->set_optimizer(sgd);
+  fits->set_memory_limit(limit);
+  fits->set_micro_batch(16);
+  fits->train_step(x, y, 64);  // what the plan measured
+  CHECK(fits->memory().peak.total <= limit);
 }
 
 TEST_CASE("the memory model predicts the measured peak at the batches it was not fitted at") {

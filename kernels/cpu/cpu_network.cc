@@ -225,6 +225,8 @@ class CpuNetwork final : public Network {
     return {.tracked = true, .current = use(now), .peak = use(top)};
   }
 
+  void set_memory_limit(std::size_t bytes) override { total_bytes_.set_limit(bytes); }
+
   void reset_memory_peak() override {
     for (MemoryTracker* t : {&parameter_bytes_, &gradient_bytes_, &optimizer_bytes_,
                              &activation_bytes_, &workspace_bytes_, &total_bytes_}) {

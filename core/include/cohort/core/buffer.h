@@ -36,8 +36,12 @@ class MemoryTracker {
   MemoryTracker(const MemoryTracker&) = delete;
   MemoryTracker& operator=(const MemoryTracker&) = delete;
 
-  void allocated(std::size_t bytes) noexcept;
+  // Counts bytes, in this tracker and its parents. Throws std::bad_alloc, counting nothing, when
+  // that would take this tracker or a parent past its limit.
+  void allocated(std::size_t bytes);
   void released(std::size_t bytes) noexcept;
+  // A hard cap on current() (0: none): a buffer that would pass it is not made (std::bad_alloc).
+  void set_limit(std::size_t bytes) noexcept { limit_.store(bytes, std::memory_order_relaxed); }
   [[nodiscard]] std::size_t current() const noexcept {
     return current_.load(std::memory_order_relaxed);
   }
@@ -47,6 +51,7 @@ class MemoryTracker {
 
  private:
   MemoryTracker* parent_ = nullptr;
+  std::atomic<std::size_t> limit_{0};
   std::atomic<std::size_t> current_{0};
   std::atomic<std::size_t> peak_{0};
 };

@@ -239,6 +239,9 @@ class Network {
 
   [[nodiscard]] virtual MemoryReport memory() const { return {}; }
   virtual void reset_memory_peak() {}
+  // A hard cap on the tracked total (0: none): an allocation that would pass it throws
+  // std::bad_alloc instead (the network is then unusable). No-op where memory is not tracked.
+  virtual void set_memory_limit(std::size_t /*bytes*/) {}
   // forward(training = false) + loss and argmax accuracy; touches no gradient or state.
   virtual Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
                               std::size_t batch) = 0;
