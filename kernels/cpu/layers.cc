@@ -283,6 +283,23 @@ void copy_strip(const float* src, std::size_t rows, std::size_t ld, std::size_t 
   }
 }
 
+// Outputs [o0, o1) of the backward prologue: dy masked in place by relu_y > 0 (when not null),
+// dyt[o][r] = dy[r][o] and db[o] = sum_r dyt[o][r].
+void linear_bias_grad(float* dy, const float* relu_y, float* dyt, float* db, std::size_t n,
+                      std::size_t out, std::size_t o0, std::size_t o1) {
+  if (relu_y != nullptr) {
+    for (std::size_t r = 0; r < n; ++r) {
+      relu_backward(relu_y + r * out + o0, dy + r * out + o0, dy + r * out + o0, o1 - o0);
+    }
+  }
+  micro::transpose(dy + o0, n, o1 - o0, out, dyt + o0 * n, n);
+  for (std::size_t o = o0; o < o1; ++o) {
+    float sum = 0.0f;
+    for (std::size_t r = 0; r < n; ++r) sum += dyt[o * n + r];
+    db[o] = sum;
+  }
+}
+
 std::size_t linear_parts(const ThreadPool* pool, std::size_t work, std::size_t units) {
   return work < kLinearParallelWork ? 1 : detail::part_count(pool, units, 1);
 }
@@ -294,11 +311,16 @@ void linear_forward_micro(Exec& exec, const float* x, const float* w, const floa
   const std::size_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
   float* xt = exec.workspace->floats(0, 0, n_pad * in);  // read by every part
   float* yt = exec.workspace->floats(0, 1, out * n_pad);
-  pack_transposed(x, n, in, in, xt);
   const std::size_t groups = (out + kMr - 1) / kMr;
   const std::size_t k_blocks = (in + kLinearKc - 1) / kLinearKc;
   const std::size_t kc_step = (in + k_blocks - 1) / k_blocks;
   const std::size_t parts = linear_parts(exec.pool, n * in * out, groups);
+  // Every part reads all of xt, so its panels are packed first, split over threads too.
+  detail::parallel_ranges(parts > 1 ? exec.pool : nullptr, panels, 1,
+                          [&](std::size_t p0, std::size_t p1) {
+                            const std::size_t r0 = p0 * kPanel, r1 = std::min(n, p1 * kPanel);
+                            pack_transposed(x + r0 * in, r1 - r0, in, in, xt + r0 * in);
+                          });
   detail::parallel_parts(exec.pool, parts, 1, [&](std::size_t part, std::size_t, std::size_t) {
     const std::size_t g0 = groups * part / parts, g1 = groups * (part + 1) / parts;
     Tile<2> acc;
@@ -331,20 +353,20 @@ void linear_forward_micro(Exec& exec, const float* x, const float* w, const floa
 void linear_backward_micro(Exec& exec, const float* x, const float* w, float* dy,
                            const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
                            std::size_t in, std::size_t out) {
-  if (relu_y != nullptr) relu_backward(relu_y, dy, dy, n * out);
-  // dy^T, contiguous per output: the broadcast rows of dW = dy^T X; db from the same rows.
+  const std::size_t strips = (in + kPanel - 1) / kPanel;
+  const std::size_t parts = linear_parts(exec.pool, n * in * out, strips);
+  // dy^T, contiguous per output: the broadcast rows of dW = dy^T X; db from the same rows. Split
+  // over 8-output blocks (the fused ReLU's mask first, in place on dy); every part reads all.
   float* dyt = exec.workspace->floats(0, 2, out * n);
-  micro::transpose(dy, n, out, out, dyt, n);
-  for (std::size_t o = 0; o < out; ++o) {
-    float sum = 0.0f;
-    for (std::size_t r = 0; r < n; ++r) sum += dyt[o * n + r];
-    db[o] = sum;
-  }
+  const std::size_t blocks = (out + 7) / 8;
+  detail::parallel_ranges(parts > 1 ? exec.pool : nullptr, blocks, 1,
+                          [&](std::size_t b0, std::size_t b1) {
+                            const std::size_t o0 = b0 * 8, o1 = std::min(out, b1 * 8);
+                            linear_bias_grad(dy, relu_y, dyt, db, n, out, o0, o1);
+                          });
   // Columns of dW and dx in 16-wide strips. Each part copies its strip of x (n x 16) and of w
   // (out x 16) into contiguous zero-padded panels: read in place, their rows (a whole input
   // row apart, e.g. 12.5 KiB) fall into a few L1 sets and miss on every pass.
-  const std::size_t strips = (in + kPanel - 1) / kPanel;
-  const std::size_t parts = linear_parts(exec.pool, n * in * out, strips);
   const auto strip_range = [&](std::size_t part, std::size_t p0, std::size_t p1) {
     float* xs = exec.workspace->floats(part, 0, (n + (dx != nullptr ? out : 0)) * kPanel);
     float* ws = xs + n * kPanel;

@@ -8,11 +8,15 @@
 // well above the ~1e-4 rounding noise of a float forward pass and far below any real bug.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <random>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
+#include "../parallel.h"
 #include "cohort/core/thread_pool.h"
 #include "gemm.h"
 #include "layers.h"
@@ -49,8 +53,8 @@ double probe(const std::vector<float>& y, const std::vector<float>& r) {
 }
 
 // Checks analytic against central differences of loss() for every entry of `values`.
-void check_gradient(const char* what, std::vector<float>& values, const std::vector<float>& analytic,
-                    const std::function<double()>& loss) {
+void check_gradient(const char* what, std::vector<float>& values,
+                    const std::vector<float>& analytic, const std::function<double()>& loss) {
   REQUIRE(values.size() == analytic.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float saved = values[i];
@@ -66,8 +70,11 @@ void check_gradient(const char* what, std::vector<float>& values, const std::vec
 }
 
 TEST_CASE("gemm matches a naive product for every operand layout and edge size") {
-  for (const auto [m, n, k] : {std::array<std::size_t, 3>{1, 1, 1}, {7, 17, 5}, {13, 33, 300},
-                               {64, 10, 128}, {100, 40, 600}}) {
+  for (const auto [m, n, k] : {std::array<std::size_t, 3>{1, 1, 1},
+                               {7, 17, 5},
+                               {13, 33, 300},
+                               {64, 10, 128},
+                               {100, 40, 600}}) {
     const auto a = random_vector(m * k, 1), b = random_vector(k * n, 2);
     std::vector<double> want(m * n, 0.0);
     for (std::size_t i = 0; i < m; ++i)
@@ -117,7 +124,8 @@ TEST_CASE("linear gradients match finite differences") {
 
 TEST_CASE("linear with fused relu equals linear then relu") {
   const std::size_t n = 4, in = 6, out = 5;
-  const auto x = random_vector(n * in, 5), w = random_vector(out * in, 6), b = random_vector(out, 7);
+  const auto x = random_vector(n * in, 5), w = random_vector(out * in, 6),
+             b = random_vector(out, 7);
   const auto r = random_vector(n * out, 8);
   Workspace ws;
   Exec exec{nullptr, &ws};
@@ -131,8 +139,8 @@ TEST_CASE("linear with fused relu equals linear then relu") {
   linear_backward(exec, x.data(), w.data(), dy1.data(), fused.data(), dw1.data(), db1.data(),
                   dx1.data(), n, in, out);
   relu_backward(relu.data(), r.data(), dy2.data(), n * out);
-  linear_backward(exec, x.data(), w.data(), dy2.data(), nullptr, dw2.data(), db2.data(),
-                  dx2.data(), n, in, out);
+  linear_backward(exec, x.data(), w.data(), dy2.data(), nullptr, dw2.data(), db2.data(), dx2.data(),
+                  n, in, out);
   CHECK(dw1 == dw2);
   CHECK(db1 == db2);
   CHECK(dx1 == dx2);
@@ -171,8 +179,10 @@ void check_conv(std::size_t n, const ConvGeometry& g, ThreadPool* pool) {
           for (std::size_t ci = 0; ci < g.in_channels; ++ci) {
             for (std::size_t ky = 0; ky < g.kernel; ++ky) {
               for (std::size_t kx = 0; kx < g.kernel; ++kx) {
-                const auto iy = static_cast<long>(oy * g.stride + ky) - static_cast<long>(g.padding);
-                const auto ix = static_cast<long>(ox * g.stride + kx) - static_cast<long>(g.padding);
+                const auto iy =
+                    static_cast<long>(oy * g.stride + ky) - static_cast<long>(g.padding);
+                const auto ix =
+                    static_cast<long>(ox * g.stride + kx) - static_cast<long>(g.padding);
                 if (iy < 0 || ix < 0 || iy >= long(g.height) || ix >= long(g.width)) continue;
                 want += double(w[((co * g.in_channels + ci) * g.kernel + ky) * g.kernel + kx]) *
                         x[((s * g.in_channels + ci) * g.height + iy) * g.width + ix];
@@ -218,7 +228,8 @@ TEST_CASE("conv2d on two threads matches the direct reference and finite differe
 TEST_CASE("conv2d with fused relu equals conv2d then relu") {
   const std::size_t n = 2;
   const ConvGeometry g = geometry(2, 6, 3, 3, 1, 1);
-  const auto x = random_vector(n * g.in_size(), 15), w = random_vector(g.out_channels * g.patch(), 16);
+  const auto x = random_vector(n * g.in_size(), 15),
+             w = random_vector(g.out_channels * g.patch(), 16);
   const auto b = random_vector(g.out_channels, 17), r = random_vector(n * g.out_size(), 18);
   Workspace ws;
   Exec exec{nullptr, &ws};
@@ -260,8 +271,9 @@ void check_pool(std::size_t n, const PoolGeometry& g) {
         float want = -1e30f;
         for (std::size_t ky = 0; ky < g.kernel; ++ky)
           for (std::size_t kx = 0; kx < g.kernel; ++kx)
-            want = std::max(want, x[p * g.height * g.width + (oy * g.stride + ky) * g.width +
-                                    ox * g.stride + kx]);
+            want = std::max(
+                want,
+                x[p * g.height * g.width + (oy * g.stride + ky) * g.width + ox * g.stride + kx]);
         CHECK(y[(p * g.out_height + oy) * g.out_width + ox] == want);
       }
     }
@@ -271,9 +283,9 @@ void check_pool(std::size_t n, const PoolGeometry& g) {
 }
 
 TEST_CASE("maxpool2d gradients match finite differences") {
-  check_pool(2, {3, 6, 6, 2, 2, 3, 3});   // the common 2x2 path
-  check_pool(2, {2, 7, 7, 3, 2, 3, 3});   // overlapping windows, generic path
-  check_pool(1, {2, 5, 5, 2, 2, 2, 2});   // floor mode drops the last row and column
+  check_pool(2, {3, 6, 6, 2, 2, 3, 3});  // the common 2x2 path
+  check_pool(2, {2, 7, 7, 3, 2, 3, 3});  // overlapping windows, generic path
+  check_pool(1, {2, 5, 5, 2, 2, 2, 2});  // floor mode drops the last row and column
 }
 
 TEST_CASE("dropout with a fixed mask: gradient, scaling and drop rate") {
@@ -305,7 +317,8 @@ TEST_CASE("dropout with a fixed mask: gradient, scaling and drop rate") {
 
 TEST_CASE("linear on two threads equals one thread") {
   const std::size_t n = 64, in = 70, out = 40;
-  const auto x = random_vector(n * in, 23), w = random_vector(out * in, 24), b = random_vector(out, 25);
+  const auto x = random_vector(n * in, 23), w = random_vector(out * in, 24),
+             b = random_vector(out, 25);
   const auto r = random_vector(n * out, 26);
   ThreadPool pool(2);
   Workspace ws1, ws2(2);
@@ -314,8 +327,8 @@ TEST_CASE("linear on two threads equals one thread") {
   linear_forward(serial, x.data(), w.data(), b.data(), y1.data(), n, in, out, true);
   linear_forward(threaded, x.data(), w.data(), b.data(), y2.data(), n, in, out, true);
   CHECK(y1 == y2);
-  std::vector<float> dy1 = r, dy2 = r, dw1(out * in), dw2(out * in), db1(out), db2(out), dx1(n * in),
-                     dx2(n * in);
+  std::vector<float> dy1 = r, dy2 = r, dw1(out * in), dw2(out * in), db1(out), db2(out),
+                     dx1(n * in), dx2(n * in);
   linear_backward(serial, x.data(), w.data(), dy1.data(), y1.data(), dw1.data(), db1.data(),
                   dx1.data(), n, in, out);
   linear_backward(threaded, x.data(), w.data(), dy2.data(), y2.data(), dw2.data(), db2.data(),
@@ -323,6 +336,83 @@ TEST_CASE("linear on two threads equals one thread") {
   CHECK(dw1 == dw2);
   CHECK(db1 == db2);
   CHECK(dx1 == dx2);
+}
+
+struct LinearResult {
+  std::vector<float> y, dw, db, dx;
+  bool operator==(const LinearResult&) const = default;
+};
+
+// Forward (with fused ReLU) and backward of one linear layer on `exec`, from fixed inputs.
+LinearResult run_linear(Exec& exec, std::size_t n, std::size_t in, std::size_t out) {
+  const auto x = random_vector(n * in, 41), w = random_vector(out * in, 42);
+  const auto b = random_vector(out, 43);
+  LinearResult r{std::vector<float>(n * out), std::vector<float>(out * in), std::vector<float>(out),
+                 std::vector<float>(n * in)};
+  linear_forward(exec, x.data(), w.data(), b.data(), r.y.data(), n, in, out, true);
+  auto dy = random_vector(n * out, 44);
+  linear_backward(exec, x.data(), w.data(), dy.data(), r.y.data(), r.dw.data(), r.db.data(),
+                  r.dx.data(), n, in, out);
+  return r;
+}
+
+TEST_CASE("linear layers big enough to split: threaded equals serial, run after run") {
+  // The MLP's first two layers at batch 64, and odd sizes (partial panels, strips and groups).
+  for (const auto [n, in, out] : {std::array<std::size_t, 3>{64, 784, 256},
+                                  {64, 256, 128},
+                                  {37, 333, 181},
+                                  {100, 129, 170}}) {
+    INFO("n=" << n << " in=" << in << " out=" << out);
+    Workspace ws1;
+    Exec serial{nullptr, &ws1};
+    const LinearResult want = run_linear(serial, n, in, out);
+    ThreadPool pool(2);
+    Workspace ws2(pool.size());
+    Exec threaded{&pool, &ws2};
+    for (int repeat = 0; repeat < 3; ++repeat) CHECK(run_linear(threaded, n, in, out) == want);
+  }
+}
+
+TEST_CASE("linear layers from two threads sharing one pool equal serial") {
+  const std::size_t n = 64, in = 784, out = 256;
+  Workspace ws0;
+  Exec serial{nullptr, &ws0};
+  const LinearResult want = run_linear(serial, n, in, out);
+  ThreadPool pool(2);
+  // Concurrent regions: one runs as a fork-join region, the other queues its parts.
+  std::vector<LinearResult> got(2 * 4);
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < 2; ++t) {
+    callers.emplace_back([&, t] {
+      Workspace ws(pool.size());
+      Exec exec{&pool, &ws};
+      for (std::size_t i = 0; i < 4; ++i) got[t * 4 + i] = run_linear(exec, n, in, out);
+    });
+  }
+  for (auto& c : callers) c.join();
+  for (const LinearResult& r : got) CHECK(r == want);
+}
+
+TEST_CASE("parallel_parts runs every part once, nested and after a throw") {
+  ThreadPool pool(2);
+  for (int repeat = 0; repeat < 200; ++repeat) {
+    std::vector<std::atomic<int>> hits(2 * 100);
+    detail::parallel_parts(&pool, 2, 1, [&](std::size_t part, std::size_t, std::size_t) {
+      // A nested split (the region is taken) goes through the queue.
+      detail::parallel_parts(&pool, 100, 1, [&](std::size_t, std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) hits[part * 100 + i]++;
+      });
+    });
+    for (auto& h : hits) REQUIRE(h.load() == 1);
+  }
+  CHECK_THROWS_AS(detail::parallel_parts(&pool, 2, 1,
+                                         [](std::size_t part, std::size_t, std::size_t) {
+                                           if (part == 1) throw std::runtime_error("part 1");
+                                         }),
+                  std::runtime_error);
+  std::atomic<int> parts{0};
+  detail::parallel_parts(&pool, 2, 1, [&](std::size_t, std::size_t, std::size_t) { parts++; });
+  CHECK(parts.load() == 2);
 }
 
 }  // namespace
