@@ -11,6 +11,12 @@ namespace cohort {
 namespace {
 
 constexpr std::uint64_t kPieceMask = 0xffffffffu;
+// A spin that lost the core for this long was preempted: the machine is oversubscribed.
+constexpr std::int64_t kPreemptedMicros = 50;
+// How long a worker whose spin was preempted sleeps between regions instead.
+constexpr std::int64_t kBackoffMicros = 20000;
+// Pause instructions the region's caller spins for the last pieces before it sleeps (~50 us).
+constexpr int kWaitSpins = 2000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -52,25 +58,36 @@ void ThreadPool::enqueue(std::function<void()> job) {
   cv_.notify_one();
 }
 
-bool ThreadPool::spin_for_region(std::uint64_t seen, std::stop_token stop) const {
-  const std::int64_t deadline = now_micros() + kSpinMicros;
+ThreadPool::Spin ThreadPool::spin_for_region(std::uint64_t seen, std::stop_token stop) const {
+  std::int64_t last = now_micros();
+  const std::int64_t deadline = last + kSpinMicros;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
-      if (region_news(seen)) return true;
-      if (queued_.load(std::memory_order_relaxed) > 0) return false;
+      if (region_news(seen)) return Spin::kRegion;
+      if (queued_.load(std::memory_order_relaxed) > 0) return Spin::kTimeout;
       cpu_relax();
     }
-    if (stop.stop_requested() || now_micros() > deadline) return false;
+    const std::int64_t now = now_micros();
+    if (now - last > kPreemptedMicros) return Spin::kPreempted;
+    if (stop.stop_requested() || now > deadline) return Spin::kTimeout;
+    last = now;
   }
 }
 
 void ThreadPool::work(std::stop_token stop, bool joins_regions) {
   std::uint64_t seen = claim_.load() >> 32;
-  bool spin = false;  // a region ran recently: the next one is likely close
+  bool spin = false;            // a region ran recently: the next one is likely close
+  std::int64_t spin_after = 0;  // the last spin was preempted: sleep until then
   for (;;) {
-    if (spin && spin_for_region(seen, stop)) {
-      join_region(seen);
-      continue;
+    if (spin && now_micros() >= spin_after) {
+      const Spin result = spin_for_region(seen, stop);
+      if (result == Spin::kRegion) {
+        join_region(seen);
+        continue;
+      }
+      // Other threads want this core: a sleeping worker, woken by the region, preempts them;
+      // a spinning one waits for its time slice while the region waits for it.
+      if (result == Spin::kPreempted) spin_after = now_micros() + kBackoffMicros;
     }
     std::function<void()> job;
     {
@@ -114,6 +131,7 @@ void ThreadPool::join_region(std::uint64_t& seen) {
       if (!region_error_) region_error_ = std::current_exception();
     }
     region_done_.fetch_add(1, std::memory_order_release);
+    region_done_.notify_one();  // no system call unless the caller sleeps
   }
 }
 
@@ -131,13 +149,13 @@ bool ThreadPool::run_region(std::size_t count, std::size_t pieces, const RangeFn
   }
   std::uint64_t seen = epoch;
   join_region(seen);  // the caller's share: every piece no worker has claimed yet
-  // The pieces still running are on workers that are awake: wait for them.
-  for (std::uint32_t spins = 0; region_done_.load(std::memory_order_acquire) < pieces; ++spins) {
-    if (spins < (1u << 12)) {
-      cpu_relax();
-    } else {
-      std::this_thread::yield();  // a worker sharing this core was preempted
-    }
+  // The pieces still running are on workers that are awake: spin briefly for them, then sleep
+  // (a worker preempted by another process needs this core more than the spin does).
+  for (int i = 0; i < kWaitSpins && region_done_.load(std::memory_order_acquire) < pieces; ++i) {
+    cpu_relax();
+  }
+  for (std::uint32_t done; (done = region_done_.load(std::memory_order_acquire)) < pieces;) {
+    region_done_.wait(done, std::memory_order_acquire);
   }
   std::exception_ptr error;
   {

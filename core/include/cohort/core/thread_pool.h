@@ -63,9 +63,10 @@ class ThreadPool {
   void queue_pieces(std::size_t count, std::size_t pieces, const RangeFn& fn);
   // Claims and runs pieces of the open region until none is left; seen: its epoch.
   void join_region(std::uint64_t& seen);
-  // Spins until a region other than `seen` opens or a job is queued: false when the spin ran out
-  // or a job is waiting.
-  bool spin_for_region(std::uint64_t seen, std::stop_token stop) const;
+  enum class Spin { kRegion, kTimeout, kPreempted };
+  // Spins until a region other than `seen` opens (kRegion), a job is queued or kSpinMicros pass
+  // (kTimeout), or the thread loses its core for a while (kPreempted).
+  Spin spin_for_region(std::uint64_t seen, std::stop_token stop) const;
   [[nodiscard]] bool region_news(std::uint64_t seen) const { return claim_.load() >> 32 != seen; }
 
   std::mutex mu_;  // guards jobs_
