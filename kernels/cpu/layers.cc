@@ -32,10 +32,11 @@ using ConstVectorMap = Eigen::Map<const Eigen::VectorXf>;
 
 inline Eigen::Index ix(std::size_t v) { return static_cast<Eigen::Index>(v); }
 
-// Work below these sizes stays on one thread: it is cheaper than a pool hand-off
-// (docs/PERFORMANCE.md 4).
+// Work below these sizes stays on one thread: it is cheaper than a pool hand-off (a fork-join
+// region costs well under a microsecond while the workers spin, thread_pool.h; 8 Ki floats of
+// pooling or layout change take a few).
 constexpr std::size_t kLinearRowGrain = 16;
-constexpr std::size_t kElementGrain = 1 << 16;
+constexpr std::size_t kElementGrain = 1 << 13;
 
 // Floats of im2col scratch per chunk of samples. 256 Ki floats (1 MiB) keeps the packed GEMM
 // operand in L2 while amortising the weight packing over many samples.
@@ -251,8 +252,9 @@ using micro::Tile;
 constexpr std::size_t kPanel = 16;
 // k block of the forward pass: 256 x 16 floats of each packed-input panel stay in L1.
 constexpr std::size_t kLinearKc = 256;
-// Multiply-adds below which a linear pass stays on one thread (cheaper than a pool hand-off).
-constexpr std::size_t kLinearParallelWork = std::size_t{1} << 21;
+// Multiply-adds below which a linear pass stays on one thread (a few microseconds: cheaper than a
+// hand-off).
+constexpr std::size_t kLinearParallelWork = std::size_t{1} << 18;
 
 // dst[p][k][l] = src[(16 p + l) * ld + k] (zero for rows >= rows): the columns of src^T as
 // 16-wide panels of depth k.
