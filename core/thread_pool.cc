@@ -15,8 +15,6 @@ constexpr std::uint64_t kPieceMask = 0xffffffffu;
 constexpr std::int64_t kPreemptedMicros = 50;
 // How long a worker whose spin was preempted sleeps between regions instead.
 constexpr std::int64_t kBackoffMicros = 20000;
-// Pause instructions the region's caller spins for the last pieces before it sleeps (~50 us).
-constexpr int kWaitSpins = 2000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -151,8 +149,10 @@ bool ThreadPool::run_region(std::size_t count, std::size_t pieces, const RangeFn
   join_region(seen);  // the caller's share: every piece no worker has claimed yet
   // The pieces still running are on workers that are awake: spin briefly for them, then sleep
   // (a worker preempted by another process needs this core more than the spin does).
-  for (int i = 0; i < kWaitSpins && region_done_.load(std::memory_order_acquire) < pieces; ++i) {
-    cpu_relax();
+  // Waking from a futex costs tens of microseconds on a VM, as long as a piece's imbalance.
+  const std::int64_t deadline = now_micros() + kSpinMicros;
+  while (region_done_.load(std::memory_order_acquire) < pieces && now_micros() < deadline) {
+    for (int i = 0; i < 16; ++i) cpu_relax();
   }
   for (std::uint32_t done; (done = region_done_.load(std::memory_order_acquire)) < pieces;) {
     region_done_.wait(done, std::memory_order_acquire);
