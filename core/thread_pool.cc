@@ -14,7 +14,7 @@ constexpr std::uint64_t kPieceMask = 0xffffffffu;
 // A spin that lost the core for this long was preempted: the machine is oversubscribed.
 constexpr std::int64_t kPreemptedMicros = 50;
 // How long a worker whose spin was preempted sleeps between regions instead.
-constexpr std::int64_t kBackoffMicros = 20000;
+constexpr std::int64_t kBackoffMicros = 5000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
