@@ -13,7 +13,8 @@ namespace {
 constexpr std::uint64_t kPieceMask = 0xffffffffu;
 // A spin that lost the core for this long was preempted: the machine is oversubscribed.
 constexpr std::int64_t kPreemptedMicros = 50;
-// How long a worker whose spin was preempted sleeps between regions instead.
+// How long workers sleep between regions instead of spinning after a sign of an oversubscribed
+// machine: a spin preempted, or a piece kSpinMicros later than the caller's.
 constexpr std::int64_t kBackoffMicros = 5000;
 
 inline void cpu_relax() {
@@ -74,10 +75,9 @@ ThreadPool::Spin ThreadPool::spin_for_region(std::uint64_t seen, std::stop_token
 
 void ThreadPool::work(std::stop_token stop, bool joins_regions) {
   std::uint64_t seen = claim_.load() >> 32;
-  bool spin = false;            // a region ran recently: the next one is likely close
-  std::int64_t spin_after = 0;  // the last spin was preempted: sleep until then
+  bool spin = false;  // a region ran recently: the next one is likely close
   for (;;) {
-    if (spin && now_micros() >= spin_after) {
+    if (spin && now_micros() >= contended_until_.load(std::memory_order_relaxed)) {
       const Spin result = spin_for_region(seen, stop);
       if (result == Spin::kRegion) {
         join_region(seen);
@@ -85,7 +85,7 @@ void ThreadPool::work(std::stop_token stop, bool joins_regions) {
       }
       // Other threads want this core: a sleeping worker, woken by the region, preempts them;
       // a spinning one waits for its time slice while the region waits for it.
-      if (result == Spin::kPreempted) spin_after = now_micros() + kBackoffMicros;
+      if (result == Spin::kPreempted) contended_until_.store(now_micros() + kBackoffMicros);
     }
     std::function<void()> job;
     {
@@ -154,8 +154,13 @@ bool ThreadPool::run_region(std::size_t count, std::size_t pieces, const RangeFn
   while (region_done_.load(std::memory_order_acquire) < pieces && now_micros() < deadline) {
     for (int i = 0; i < 16; ++i) cpu_relax();
   }
-  for (std::uint32_t done; (done = region_done_.load(std::memory_order_acquire)) < pieces;) {
-    region_done_.wait(done, std::memory_order_acquire);
+  if (region_done_.load(std::memory_order_acquire) < pieces) {
+    // A piece this late means a worker lost its core: let the workers sleep for a while, so
+    // that a region's wake-up preempts whatever took it.
+    contended_until_.store(now_micros() + kBackoffMicros, std::memory_order_relaxed);
+    for (std::uint32_t done; (done = region_done_.load(std::memory_order_acquire)) < pieces;) {
+      region_done_.wait(done, std::memory_order_acquire);
+    }
   }
   std::exception_ptr error;
   {

@@ -84,7 +84,9 @@ class ThreadPool {
   std::atomic<std::size_t> region_pieces_{0};
   std::atomic<std::uint32_t> region_done_{0};
   std::atomic<int> region_sleepers_{0};  // region workers waiting on cv_
-  std::mutex error_mu_;                  // guards region_error_
+  // Steady-clock microseconds until which region workers sleep instead of spinning.
+  std::atomic<std::int64_t> contended_until_{0};
+  std::mutex error_mu_;  // guards region_error_
   std::exception_ptr region_error_;
 
   std::vector<std::jthread> workers_;
