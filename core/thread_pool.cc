@@ -146,11 +146,14 @@ bool ThreadPool::run_region(std::size_t count, std::size_t pieces, const RangeFn
     cv_.notify_all();
   }
   std::uint64_t seen = epoch;
+  const std::int64_t start = now_micros();
   join_region(seen);  // the caller's share: every piece no worker has claimed yet
-  // The pieces still running are on workers that are awake: spin briefly for them, then sleep
-  // (a worker preempted by another process needs this core more than the spin does).
-  // Waking from a futex costs tens of microseconds on a VM, as long as a piece's imbalance.
-  const std::int64_t deadline = now_micros() + kSpinMicros;
+  // The pieces still running are on workers that are awake: spin for them (waking from a futex
+  // costs tens of microseconds on a VM, as much as the usual imbalance of short pieces; long
+  // pieces are allowed half their time), then sleep (a worker preempted by another process
+  // needs this core more than the spin does).
+  const std::int64_t done_own = now_micros();
+  const std::int64_t deadline = done_own + std::max(kSpinMicros, (done_own - start) / 2);
   while (region_done_.load(std::memory_order_acquire) < pieces && now_micros() < deadline) {
     for (int i = 0; i < 16; ++i) cpu_relax();
   }
