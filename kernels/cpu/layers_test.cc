@@ -53,8 +53,8 @@ double probe(const std::vector<float>& y, const std::vector<float>& r) {
 }
 
 // Checks analytic against central differences of loss() for every entry of `values`.
-void check_gradient(const char* what, std::vector<float>& values,
-                    const std::vector<float>& analytic, const std::function<double()>& loss) {
+void check_gradient(const char* what, std::vector<float>& values, const std::vector<float>& analytic,
+                    const std::function<double()>& loss) {
   REQUIRE(values.size() == analytic.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float saved = values[i];
@@ -70,11 +70,8 @@ void check_gradient(const char* what, std::vector<float>& values,
 }
 
 TEST_CASE("gemm matches a naive product for every operand layout and edge size") {
-  for (const auto [m, n, k] : {std::array<std::size_t, 3>{1, 1, 1},
-                               {7, 17, 5},
-                               {13, 33, 300},
-                               {64, 10, 128},
-                               {100, 40, 600}}) {
+  for (const auto [m, n, k] : {std::array<std::size_t, 3>{1, 1, 1}, {7, 17, 5}, {13, 33, 300},
+                               {64, 10, 128}, {100, 40, 600}}) {
     const auto a = random_vector(m * k, 1), b = random_vector(k * n, 2);
     std::vector<double> want(m * n, 0.0);
     for (std::size_t i = 0; i < m; ++i)
@@ -124,8 +121,7 @@ TEST_CASE("linear gradients match finite differences") {
 
 TEST_CASE("linear with fused relu equals linear then relu") {
   const std::size_t n = 4, in = 6, out = 5;
-  const auto x = random_vector(n * in, 5), w = random_vector(out * in, 6),
-             b = random_vector(out, 7);
+  const auto x = random_vector(n * in, 5), w = random_vector(out * in, 6), b = random_vector(out, 7);
   const auto r = random_vector(n * out, 8);
   Workspace ws;
   Exec exec{nullptr, &ws};
@@ -139,8 +135,8 @@ TEST_CASE("linear with fused relu equals linear then relu") {
   linear_backward(exec, x.data(), w.data(), dy1.data(), fused.data(), dw1.data(), db1.data(),
                   dx1.data(), n, in, out);
   relu_backward(relu.data(), r.data(), dy2.data(), n * out);
-  linear_backward(exec, x.data(), w.data(), dy2.data(), nullptr, dw2.data(), db2.data(), dx2.data(),
-                  n, in, out);
+  linear_backward(exec, x.data(), w.data(), dy2.data(), nullptr, dw2.data(), db2.data(),
+                  dx2.data(), n, in, out);
   CHECK(dw1 == dw2);
   CHECK(db1 == db2);
   CHECK(dx1 == dx2);
@@ -179,10 +175,8 @@ void check_conv(std::size_t n, const ConvGeometry& g, ThreadPool* pool) {
           for (std::size_t ci = 0; ci < g.in_channels; ++ci) {
             for (std::size_t ky = 0; ky < g.kernel; ++ky) {
               for (std::size_t kx = 0; kx < g.kernel; ++kx) {
-                const auto iy =
-                    static_cast<long>(oy * g.stride + ky) - static_cast<long>(g.padding);
-                const auto ix =
-                    static_cast<long>(ox * g.stride + kx) - static_cast<long>(g.padding);
+                const auto iy = static_cast<long>(oy * g.stride + ky) - static_cast<long>(g.padding);
+                const auto ix = static_cast<long>(ox * g.stride + kx) - static_cast<long>(g.padding);
                 if (iy < 0 || ix < 0 || iy >= long(g.height) || ix >= long(g.width)) continue;
                 want += double(w[((co * g.in_channels + ci) * g.kernel + ky) * g.kernel + kx]) *
                         x[((s * g.in_channels + ci) * g.height + iy) * g.width + ix];
@@ -228,8 +222,7 @@ TEST_CASE("conv2d on two threads matches the direct reference and finite differe
 TEST_CASE("conv2d with fused relu equals conv2d then relu") {
   const std::size_t n = 2;
   const ConvGeometry g = geometry(2, 6, 3, 3, 1, 1);
-  const auto x = random_vector(n * g.in_size(), 15),
-             w = random_vector(g.out_channels * g.patch(), 16);
+  const auto x = random_vector(n * g.in_size(), 15), w = random_vector(g.out_channels * g.patch(), 16);
   const auto b = random_vector(g.out_channels, 17), r = random_vector(n * g.out_size(), 18);
   Workspace ws;
   Exec exec{nullptr, &ws};
@@ -271,9 +264,8 @@ void check_pool(std::size_t n, const PoolGeometry& g) {
         float want = -1e30f;
         for (std::size_t ky = 0; ky < g.kernel; ++ky)
           for (std::size_t kx = 0; kx < g.kernel; ++kx)
-            want = std::max(
-                want,
-                x[p * g.height * g.width + (oy * g.stride + ky) * g.width + ox * g.stride + kx]);
+            want = std::max(want, x[p * g.height * g.width + (oy * g.stride + ky) * g.width +
+                                    ox * g.stride + kx]);
         CHECK(y[(p * g.out_height + oy) * g.out_width + ox] == want);
       }
     }
@@ -283,9 +275,9 @@ void check_pool(std::size_t n, const PoolGeometry& g) {
 }
 
 TEST_CASE("maxpool2d gradients match finite differences") {
-  check_pool(2, {3, 6, 6, 2, 2, 3, 3});  // the common 2x2 path
-  check_pool(2, {2, 7, 7, 3, 2, 3, 3});  // overlapping windows, generic path
-  check_pool(1, {2, 5, 5, 2, 2, 2, 2});  // floor mode drops the last row and column
+  check_pool(2, {3, 6, 6, 2, 2, 3, 3});   // the common 2x2 path
+  check_pool(2, {2, 7, 7, 3, 2, 3, 3});   // overlapping windows, generic path
+  check_pool(1, {2, 5, 5, 2, 2, 2, 2});   // floor mode drops the last row and column
 }
 
 TEST_CASE("dropout with a fixed mask: gradient, scaling and drop rate") {
@@ -317,8 +309,7 @@ TEST_CASE("dropout with a fixed mask: gradient, scaling and drop rate") {
 
 TEST_CASE("linear on two threads equals one thread") {
   const std::size_t n = 64, in = 70, out = 40;
-  const auto x = random_vector(n * in, 23), w = random_vector(out * in, 24),
-             b = random_vector(out, 25);
+  const auto x = random_vector(n * in, 23), w = random_vector(out * in, 24), b = random_vector(out, 25);
   const auto r = random_vector(n * out, 26);
   ThreadPool pool(2);
   Workspace ws1, ws2(2);
@@ -327,8 +318,8 @@ TEST_CASE("linear on two threads equals one thread") {
   linear_forward(serial, x.data(), w.data(), b.data(), y1.data(), n, in, out, true);
   linear_forward(threaded, x.data(), w.data(), b.data(), y2.data(), n, in, out, true);
   CHECK(y1 == y2);
-  std::vector<float> dy1 = r, dy2 = r, dw1(out * in), dw2(out * in), db1(out), db2(out),
-                     dx1(n * in), dx2(n * in);
+  std::vector<float> dy1 = r, dy2 = r, dw1(out * in), dw2(out * in), db1(out), db2(out), dx1(n * in),
+                     dx2(n * in);
   linear_backward(serial, x.data(), w.data(), dy1.data(), y1.data(), dw1.data(), db1.data(),
                   dx1.data(), n, in, out);
   linear_backward(threaded, x.data(), w.data(), dy2.data(), y2.data(), dw2.data(), db2.data(),
@@ -337,6 +328,7 @@ TEST_CASE("linear on two threads equals one thread") {
   CHECK(db1 == db2);
   CHECK(dx1 == dx2);
 }
+
 
 struct LinearResult {
   std::vector<float> y, dw, db, dx;
