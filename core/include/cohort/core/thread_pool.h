@@ -7,7 +7,9 @@
 // claims pieces itself, and workers that are awake claim the rest. Worker wake-up through a
 // futex costs tens of microseconds on a VM, so after a region the workers that take part in
 // regions spin for a short while (kSpinMicros) before they sleep; a pool that never runs
-// parallel_for never spins.
+// parallel_for never spins. When the machine looks oversubscribed (a spin preempted, or a piece
+// keeping the caller waiting past its spin) workers sleep between regions for a few
+// milliseconds: woken by a region, a sleeper preempts the other load, a spinner waits for it.
 #pragma once
 
 #include <atomic>
