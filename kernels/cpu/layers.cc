@@ -32,10 +32,11 @@ using ConstVectorMap = Eigen::Map<const Eigen::VectorXf>;
 
 inline Eigen::Index ix(std::size_t v) { return static_cast<Eigen::Index>(v); }
 
-// Work below these sizes stays on one thread: it is cheaper than a pool hand-off
-// (docs/PERFORMANCE.md 4).
+// Work below these sizes stays on one thread: it is cheaper than a pool hand-off (a fork-join
+// region costs well under a microsecond while the workers spin, thread_pool.h; 8 Ki floats of
+// pooling or layout change take a few).
 constexpr std::size_t kLinearRowGrain = 16;
-constexpr std::size_t kElementGrain = 1 << 16;
+constexpr std::size_t kElementGrain = 1 << 13;
 
 // Floats of im2col scratch per chunk of samples. 256 Ki floats (1 MiB) keeps the packed GEMM
 // operand in L2 while amortising the weight packing over many samples.
@@ -254,8 +255,9 @@ using micro::Tile;
 constexpr std::size_t kPanel = 16;
 // k block of the forward pass: 256 x 16 floats of each packed-input panel stay in L1.
 constexpr std::size_t kLinearKc = 256;
-// Multiply-adds below which a linear pass stays on one thread (cheaper than a pool hand-off).
-constexpr std::size_t kLinearParallelWork = std::size_t{1} << 21;
+// Multiply-adds below which a linear pass stays on one thread (a few microseconds: cheaper than a
+// hand-off).
+constexpr std::size_t kLinearParallelWork = std::size_t{1} << 18;
 
 // dst[p][k][l] = src[(16 p + l) * ld + k] (zero for rows >= rows): the columns of src^T as
 // 16-wide panels of depth k.
@@ -286,6 +288,23 @@ void copy_strip(const float* src, std::size_t rows, std::size_t ld, std::size_t 
   }
 }
 
+// Outputs [o0, o1) of the backward prologue: dy masked in place by relu_y > 0 (when not null),
+// dyt[o][r] = dy[r][o] and db[o] = sum_r dyt[o][r].
+void linear_bias_grad(float* dy, const float* relu_y, float* dyt, float* db, std::size_t n,
+                      std::size_t out, std::size_t o0, std::size_t o1, bool accumulate) {
+  if (relu_y != nullptr) {
+    for (std::size_t r = 0; r < n; ++r) {
+      relu_backward(relu_y + r * out + o0, dy + r * out + o0, dy + r * out + o0, o1 - o0);
+    }
+  }
+  micro::transpose(dy + o0, n, o1 - o0, out, dyt + o0 * n, n);
+  for (std::size_t o = o0; o < o1; ++o) {
+    float sum = 0.0f;
+    for (std::size_t r = 0; r < n; ++r) sum += dyt[o * n + r];
+    db[o] = accumulate ? db[o] + sum : sum;
+  }
+}
+
 std::size_t linear_parts(const ThreadPool* pool, std::size_t work, std::size_t units) {
   return work < kLinearParallelWork ? 1 : detail::part_count(pool, units, 1);
 }
@@ -295,15 +314,17 @@ void linear_forward_micro(Exec& exec, const float* x, const float* w, const floa
   // Y^T = W X^T: rows are outputs (6 weight rows broadcast in place), columns are samples
   // (16-sample panels of X^T), then a transposing pass adds the bias (and ReLU).
   const std::size_t panels = (n + kPanel - 1) / kPanel, n_pad = panels * kPanel;
-  float* xt = exec.workspace->floats(0, 0, n_pad * in);  // read by every part
-  float* yt = exec.workspace->floats(0, 1, out * n_pad);
-  pack_transposed(x, n, in, in, xt);
+  float* yt = exec.workspace->floats(0, 1, out * n_pad);  // rows [o0, o1) per part
   const std::size_t groups = (out + kMr - 1) / kMr;
   const std::size_t k_blocks = (in + kLinearKc - 1) / kLinearKc;
   const std::size_t kc_step = (in + k_blocks - 1) / k_blocks;
   const std::size_t parts = linear_parts(exec.pool, n * in * out, groups);
+  // Every part packs all of X^T into its own buffer: packing is ~3% of the pass, while sharing
+  // one buffer makes each core fetch the lines the other wrote (~40 us per 200 KiB here).
   detail::parallel_parts(exec.pool, parts, 1, [&](std::size_t part, std::size_t, std::size_t) {
     const std::size_t g0 = groups * part / parts, g1 = groups * (part + 1) / parts;
+    float* xt = exec.workspace->floats(part, 0, n_pad * in);
+    pack_transposed(x, n, in, in, xt);
     Tile<2> acc;
     const float* rows[kMr];
     for (std::size_t k0 = 0; k0 < in; k0 += kc_step) {
@@ -334,20 +355,20 @@ void linear_forward_micro(Exec& exec, const float* x, const float* w, const floa
 void linear_backward_micro(Exec& exec, const float* x, const float* w, float* dy,
                            const float* relu_y, float* dw, float* db, float* dx, std::size_t n,
                            std::size_t in, std::size_t out, bool accumulate) {
-  if (relu_y != nullptr) relu_backward(relu_y, dy, dy, n * out);
-  // dy^T, contiguous per output: the broadcast rows of dW = dy^T X; db from the same rows.
+  const std::size_t strips = (in + kPanel - 1) / kPanel;
+  const std::size_t parts = linear_parts(exec.pool, n * in * out, strips);
+  // dy^T, contiguous per output: the broadcast rows of dW = dy^T X; db from the same rows. Split
+  // over 8-output blocks (the fused ReLU's mask first, in place on dy); every part reads all.
   float* dyt = exec.workspace->floats(0, 2, out * n);
-  micro::transpose(dy, n, out, out, dyt, n);
-  for (std::size_t o = 0; o < out; ++o) {
-    float sum = 0.0f;
-    for (std::size_t r = 0; r < n; ++r) sum += dyt[o * n + r];
-    db[o] = accumulate ? db[o] + sum : sum;
-  }
+  const std::size_t blocks = (out + 7) / 8;
+  detail::parallel_ranges(parts > 1 ? exec.pool : nullptr, blocks, 1,
+                          [&](std::size_t b0, std::size_t b1) {
+                            const std::size_t o0 = b0 * 8, o1 = std::min(out, b1 * 8);
+                            linear_bias_grad(dy, relu_y, dyt, db, n, out, o0, o1, accumulate);
+                          });
   // Columns of dW and dx in 16-wide strips. Each part copies its strip of x (n x 16) and of w
   // (out x 16) into contiguous zero-padded panels: read in place, their rows (a whole input
   // row apart, e.g. 12.5 KiB) fall into a few L1 sets and miss on every pass.
-  const std::size_t strips = (in + kPanel - 1) / kPanel;
-  const std::size_t parts = linear_parts(exec.pool, n * in * out, strips);
   const auto strip_range = [&](std::size_t part, std::size_t p0, std::size_t p1) {
     float* xs = exec.workspace->floats(part, 0, (n + (dx != nullptr ? out : 0)) * kPanel);
     float* ws = xs + n * kPanel;

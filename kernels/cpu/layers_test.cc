@@ -8,11 +8,15 @@
 // well above the ~1e-4 rounding noise of a float forward pass and far below any real bug.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <random>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
+#include "../parallel.h"
 #include "cohort/core/thread_pool.h"
 #include "gemm.h"
 #include "layers.h"
@@ -323,6 +327,84 @@ TEST_CASE("linear on two threads equals one thread") {
   CHECK(dw1 == dw2);
   CHECK(db1 == db2);
   CHECK(dx1 == dx2);
+}
+
+
+struct LinearResult {
+  std::vector<float> y, dw, db, dx;
+  bool operator==(const LinearResult&) const = default;
+};
+
+// Forward (with fused ReLU) and backward of one linear layer on `exec`, from fixed inputs.
+LinearResult run_linear(Exec& exec, std::size_t n, std::size_t in, std::size_t out) {
+  const auto x = random_vector(n * in, 41), w = random_vector(out * in, 42);
+  const auto b = random_vector(out, 43);
+  LinearResult r{std::vector<float>(n * out), std::vector<float>(out * in), std::vector<float>(out),
+                 std::vector<float>(n * in)};
+  linear_forward(exec, x.data(), w.data(), b.data(), r.y.data(), n, in, out, true);
+  auto dy = random_vector(n * out, 44);
+  linear_backward(exec, x.data(), w.data(), dy.data(), r.y.data(), r.dw.data(), r.db.data(),
+                  r.dx.data(), n, in, out);
+  return r;
+}
+
+TEST_CASE("linear layers big enough to split: threaded equals serial, run after run") {
+  // The MLP's first two layers at batch 64, and odd sizes (partial panels, strips and groups).
+  for (const auto [n, in, out] : {std::array<std::size_t, 3>{64, 784, 256},
+                                  {64, 256, 128},
+                                  {37, 333, 181},
+                                  {100, 129, 170}}) {
+    INFO("n=" << n << " in=" << in << " out=" << out);
+    Workspace ws1;
+    Exec serial{nullptr, &ws1};
+    const LinearResult want = run_linear(serial, n, in, out);
+    ThreadPool pool(2);
+    Workspace ws2(pool.size());
+    Exec threaded{&pool, &ws2};
+    for (int repeat = 0; repeat < 3; ++repeat) CHECK(run_linear(threaded, n, in, out) == want);
+  }
+}
+
+TEST_CASE("linear layers from two threads sharing one pool equal serial") {
+  const std::size_t n = 64, in = 784, out = 256;
+  Workspace ws0;
+  Exec serial{nullptr, &ws0};
+  const LinearResult want = run_linear(serial, n, in, out);
+  ThreadPool pool(2);
+  // Concurrent regions: one runs as a fork-join region, the other queues its parts.
+  std::vector<LinearResult> got(2 * 4);
+  std::vector<std::thread> callers;
+  for (std::size_t t = 0; t < 2; ++t) {
+    callers.emplace_back([&, t] {
+      Workspace ws(pool.size());
+      Exec exec{&pool, &ws};
+      for (std::size_t i = 0; i < 4; ++i) got[t * 4 + i] = run_linear(exec, n, in, out);
+    });
+  }
+  for (auto& c : callers) c.join();
+  for (const LinearResult& r : got) CHECK(r == want);
+}
+
+TEST_CASE("parallel_parts runs every part once, nested and after a throw") {
+  ThreadPool pool(2);
+  for (int repeat = 0; repeat < 200; ++repeat) {
+    std::vector<std::atomic<int>> hits(2 * 100);
+    detail::parallel_parts(&pool, 2, 1, [&](std::size_t part, std::size_t, std::size_t) {
+      // A nested split (the region is taken) goes through the queue.
+      detail::parallel_parts(&pool, 100, 1, [&](std::size_t, std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) hits[part * 100 + i]++;
+      });
+    });
+    for (auto& h : hits) REQUIRE(h.load() == 1);
+  }
+  CHECK_THROWS_AS(detail::parallel_parts(&pool, 2, 1,
+                                         [](std::size_t part, std::size_t, std::size_t) {
+                                           if (part == 1) throw std::runtime_error("part 1");
+                                         }),
+                  std::runtime_error);
+  std::atomic<int> parts{0};
+  detail::parallel_parts(&pool, 2, 1, [&](std::size_t, std::size_t, std::size_t) { parts++; });
+  CHECK(parts.load() == 2);
 }
 
 }  // namespace
