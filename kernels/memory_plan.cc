@@ -131,10 +131,8 @@ MemoryPlan plan_memory(const NetworkSpec& spec, const Device& device,
   const auto single = probe_total(spec, device, optimizer, batch, 1, budget);
   const auto fitted = fit_model(spec, device, optimizer, budget);
   if (fitted) plan.model = *fitted;
-  // A model that predicts the whole batch fits (or no model: nothing fits) is checked by a probe.
-  const auto whole = !fitted || plan.model.bytes(batch, batch) <= budget || budget == 0
-                         ? probe_total(spec, device, optimizer, batch, batch, budget)
-                         : std::nullopt;
+  // The whole batch is always tried (under the limit, so the try costs at most the budget).
+  const auto whole = probe_total(spec, device, optimizer, batch, batch, budget);
   const auto choose = [&](std::size_t m, std::size_t peak) {
     plan.micro_batch = m;
     plan.accumulation = (batch + m - 1) / m;
