@@ -69,8 +69,14 @@ TEST_CASE("a client under client.memory_budget trains in micro-batches within it
   const std::uint64_t bound = program_bytes() + kOverheadBytes + kBudget;
   MESSAGE("peak RSS: budgeted " << rss(0) / kMiB << " MiB, unbudgeted " << rss(1) / kMiB
                                 << " MiB; bound " << bound / kMiB << " MiB");
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's shadow memory and free quarantine multiply a process's RSS: the bound is for real
+  // builds (the reports' peak_training_bytes above are checked in every build).
+  MESSAGE("AddressSanitizer build: the RSS bound not checked");
+#else
   CHECK(rss(0) <= bound);
   CHECK(rss(1) > bound);  // the bound is tight enough to tell them apart
+#endif
   CHECK(f.clients[0].stderr_text().find("memory budget") != std::string::npos);
 }
 
