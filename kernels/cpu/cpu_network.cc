@@ -197,20 +197,6 @@ class CpuNetwork final : public Network {
   void set_micro_batch(std::size_t m) override { micro_batch_ = m; }
   std::size_t micro_batch() const override { return micro_batch_; }
 
-  void release_batch_buffers() override {
-    for (auto& b : outputs_) b = FloatBuffer();
-    for (auto& b : masks_) b = FloatBuffer();
-    for (auto& b : argmax_) b = FloatBuffer();
-    input_ = FloatBuffer();
-    grad_a_ = FloatBuffer();
-    grad_b_ = FloatBuffer();
-    dlogits_ = FloatBuffer();
-    output_capacity_ = training_capacity_ = 0;
-    trained_forward_ = false;
-    // The kernels' scratch: a fresh workspace; convolutions keep theirs (sized for one batch).
-    workspace_ = Workspace(pool_ != nullptr ? pool_->size() : 1, &workspace_bytes_);
-  }
-
   MemoryReport memory() const override {
     const auto now = [](const MemoryTracker& t) { return t.current(); };
     const auto top = [](const MemoryTracker& t) { return t.peak(); };

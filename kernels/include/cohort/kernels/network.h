@@ -233,9 +233,6 @@ class Network {
   // m samples at a time. KernelError on devices that cannot (CUDA today).
   virtual void set_micro_batch(std::size_t m);
   [[nodiscard]] virtual std::size_t micro_batch() const { return 0; }
-  // Releases the per-batch buffers (activations, workspace), which grow to the largest batch
-  // seen; the next call allocates what it needs. No-op on devices that do not track memory.
-  virtual void release_batch_buffers() {}
 
   [[nodiscard]] virtual MemoryReport memory() const { return {}; }
   virtual void reset_memory_peak() {}
