@@ -202,9 +202,27 @@ void Endpoint::Impl::configure_socket() {
       static_cast<std::int64_t>(std::max<std::size_t>(options.chunk_bytes, 64 << 20)) + 65536;
   socket.set(zmq::sockopt::maxmsgsize, max_frame);
   if (options.heartbeat_ms > 0) {
-    socket.set(zmq::sockopt::heartbeat_ivl, options.heartbeat_ms);
-    socket.set(zmq::sockopt::heartbeat_timeout, options.heartbeat_ms * 5);
-    socket.set(zmq::sockopt::heartbeat_ttl, options.heartbeat_ms * 5);
+    if (is_router) {
+      // No ZMTP heartbeats on a ROUTER. Its peers wait behind a lowered ZMQ_RCVHWM
+      // (share_receive_budget) while it works through others' data, and a connection held
+      // back longer than 5 heartbeats is ended by the peer (its heartbeat timeout, or its
+      // kernel's TCP_USER_TIMEOUT under a zero window). libzmq 4.3.4 marks the held-back engine
+      // with an I/O error when that reset arrives, and its next heartbeat timer then fails an
+      // assertion (stream_engine_base.cpp:331, out_event: !_io_error) and aborts the process:
+      // a shard with 50 clients pushing died that way. Without the timer nothing writes on
+      // such an engine; when the queue drains it reads the error and closes. A ROUTER still
+      // answers its peers' PINGs; a dead peer's connection is found by TCP keepalive while idle
+      // and by TCP_USER_TIMEOUT below while replies are unacknowledged.
+      const int seconds = std::max(1, options.heartbeat_ms / 1000);
+      socket.set(zmq::sockopt::tcp_keepalive, 1);
+      socket.set(zmq::sockopt::tcp_keepalive_idle, 5 * seconds);
+      socket.set(zmq::sockopt::tcp_keepalive_intvl, seconds);
+      socket.set(zmq::sockopt::tcp_keepalive_cnt, 5);
+    } else {
+      socket.set(zmq::sockopt::heartbeat_ivl, options.heartbeat_ms);
+      socket.set(zmq::sockopt::heartbeat_timeout, options.heartbeat_ms * 5);
+      socket.set(zmq::sockopt::heartbeat_ttl, options.heartbeat_ms * 5);
+    }
     // ZMTP heartbeats alone did not notice a silent link: behind a link cut for 10 s, a client
     // noticed only when TCP's retransmission backoff next fired after the link was back (13 s
     // after the cut; 25 s had the cut lasted a little longer). TCP_USER_TIMEOUT aborts a

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <openssl/evp.h>
 #include <sched.h>
+#include <zmq.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -746,4 +747,96 @@ TEST_CASE("transfer_timeout drops a transfer that stopped, not one that streams 
     for (std::size_t i = 3; i < held.size(); ++i) client.send_raw_for_testing({}, held[i]);
     CHECK_FALSE(drain(300ms, 2));
   }
+}
+
+TEST_CASE("a peer that resets a connection held back by backpressure does not bring the server down") {
+  // The server reads nothing for 3 s while a peer sends 64 MiB, so the connection waits behind a
+  // zero TCP window. The peer's kernel gives up on it (TCP_USER_TIMEOUT, here 200 ms: sooner than
+  // the server's own 5 heartbeats), and the server's next write draws a reset. libzmq 4.3.4 marks
+  // the held-back engine with an I/O error, and a ZMTP heartbeat timer firing on it then failed
+  // an assertion (out_event: !_io_error) and aborted the process: a shard with 50 clients died so.
+  auto& p = pki();
+  Context ctx;
+  auto so = options("shard-0", p.shard0);
+  so.receive_queue = 1;
+  so.heartbeat_ms = 400;
+  auto server = Endpoint::bind(ctx, "tcp://127.0.0.1:*", so);
+  zmq::context_t raw_ctx;
+  zmq::socket_t raw(raw_ctx, zmq::socket_type::dealer);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::tcp_maxrt, 200);
+  raw.set(zmq::sockopt::reconnect_ivl, -1);  // one connection: its reset is what this is about
+  raw.connect(server.url());
+  const std::vector<std::byte> junk(std::size_t{1} << 20, std::byte{7});
+  for (int i = 0; i < 64; ++i) (void)raw.send(zmq::buffer(junk), zmq::send_flags::dontwait);
+  std::this_thread::sleep_for(3s);  // the server's I/O thread runs; its owner reads nothing
+  for (int i = 0; i < 100; ++i) (void)server.receive(10ms);  // what arrived is not a record
+  // The server is alive and serves a real client.
+  auto client = Endpoint::connect(ctx, server.url(), options("client-0", p.client0));
+  bool echoed = false;
+  for (const auto until = std::chrono::steady_clock::now() + 30s; !echoed && std::chrono::steady_clock::now() < until;) {
+    if (auto m = server.receive(5ms); m && std::holds_alternative<Heartbeat>(m->envelope.body)) {
+      server.send(m->peer, heartbeat(std::get<Heartbeat>(m->envelope.body).clock));
+    }
+    try {
+      if (client.is_ready()) client.send({}, heartbeat(5));
+      else client.wait_ready(5ms);
+    } catch (const TimeoutError&) {
+    }
+    auto m = client.receive(5ms);
+    echoed = m && std::holds_alternative<Heartbeat>(m->envelope.body);
+  }
+  CHECK(echoed);
+}
+
+TEST_CASE("a client held back past the dead-peer timeout reconnects and its messages flow") {
+  // The server reads nothing for 4 s while a client sends 64 MiB: the connection waits behind a
+  // zero TCP window, which the client's kernel aborts after TCP_USER_TIMEOUT (5 heartbeats), and
+  // libzmq 4.3.4 asserts (out_event: !_io_error) if a ZMTP heartbeat timer then fires on the
+  // server's end of it. The client reconnects, handshakes again and messages flow.
+  auto& p = pki();
+  Context server_ctx;
+  Context client_ctx;
+  auto so = options("shard-0", p.shard0);
+  so.receive_queue = 1;
+  so.heartbeat_ms = 200;
+  auto server = Endpoint::bind(server_ctx, "tcp://127.0.0.1:*", so);
+  auto co = options("client-0", p.client0);
+  co.heartbeat_ms = 200;
+  co.send_timeout = 20s;
+  auto client = Endpoint::connect(client_ctx, server.url(), co);
+  for (int i = 0; i < 400 && !client.is_ready(); ++i) {
+    (void)server.receive(5ms);
+    try {
+      client.wait_ready(5ms);
+    } catch (const TimeoutError&) {
+    }
+  }
+  REQUIRE(client.is_ready());
+  const auto data = random_bytes(std::size_t{64} << 20, 11);
+  Envelope e;
+  e.body = Push{};
+  client.send({}, std::move(e), Payload{data, nullptr});
+  std::this_thread::sleep_for(4s);
+  // Echo the client's heartbeats until one comes back (60 s at most).
+  auto serve = [&] {
+    if (auto m = server.receive(2ms); m && std::holds_alternative<Heartbeat>(m->envelope.body)) {
+      server.send(m->peer, heartbeat(std::get<Heartbeat>(m->envelope.body).clock));
+    }
+  };
+  bool echoed = false;
+  std::uint64_t clock = 100;
+  for (const auto until = std::chrono::steady_clock::now() + 60s; !echoed && std::chrono::steady_clock::now() < until;) {
+    try {
+      if (client.is_ready() && client.unsent_bytes() == 0) client.send({}, heartbeat(++clock));
+    } catch (const TimeoutError&) {
+    }
+    for (int k = 0; k < 20 && !echoed; ++k) {
+      serve();
+      auto m = client.receive(2ms);
+      echoed = m && std::holds_alternative<Heartbeat>(m->envelope.body);
+    }
+  }
+  MESSAGE("handshakes: client " << client.stats().handshakes << ", server " << server.stats().handshakes);
+  CHECK(echoed);
 }
