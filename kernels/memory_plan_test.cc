@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <new>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include "cohort/core/error.h"
 #include "cohort/kernels/device.h"
+#include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
 
 namespace cohort::kernels {
@@ -63,7 +65,7 @@ std::vector<std::pair<std::string, NetworkSpec>> models() {
           {"strided conv with dropout", strided}};
 }
 
-TEST_CASE("accumulated micro-batches give the full batch's update, for every model") {
+TEST_CASE("accumulated micro-batches and recomputed activations give the full batch's update, for every model") {
   constexpr std::size_t kBatch = 64;
   for (const std::size_t threads : {1, 2}) {
     const auto device = make_device("cpu", {.threads = threads});
@@ -79,12 +81,18 @@ TEST_CASE("accumulated micro-batches give the full batch's update, for every mod
       // Two steps, so that the second runs with momentum and a second dropout stream.
       const float whole_loss = whole->train_step(x, y, kBatch);
       whole->train_step(x, y, kBatch);
-      for (const std::size_t m : {16, 7, 1}) {  // 4-way, uneven 10-way, one sample at a time
+      // 4-way, uneven 10-way, one sample at a time; then with activations recomputed, whole
+      // and one sample at a time.
+      for (const auto [m, recompute] : {std::pair<std::size_t, bool>{16, false}, {7, false},
+                                        {1, false}, {0, true}, {1, true}}) {
         CAPTURE(m);
+        CAPTURE(recompute);
         auto split = device->make_network(spec);
         split->init(3);
         split->set_optimizer(sgd);
         split->set_micro_batch(m);
+        split->set_recompute(recompute);
+        CHECK(split->recompute() == recompute);
         const float split_loss = split->train_step(x, y, kBatch);
         split->train_step(x, y, kBatch);
         CHECK(split_loss == doctest::Approx(whole_loss).epsilon(1e-5));
@@ -122,6 +130,40 @@ TEST_CASE("micro-batching bounds the activation memory the network allocates") {
   CHECK(quarter.activations * 3 < whole.activations);  // ~1/4, plus fixed buffers
   CHECK(quarter.gradients == whole.gradients);         // accumulated in place
   CHECK(quarter.total < whole.total);
+}
+
+TEST_CASE("recomputation keeps fewer activations, and forward + backward match without it") {
+  const auto device = make_device("cpu", {.threads = 1});
+  for (const auto& [name, spec] : models()) {
+    CAPTURE(name);
+    const auto x = random_vector(8 * spec.input_shape().size(), 4);
+    const auto y = random_labels(8, spec.output_size(), 5);
+    const auto run = [&](bool recompute) {
+      auto net = device->make_network(spec);
+      net->init(2);
+      net->set_recompute(recompute);
+      // The public forward + backward: dropout's stream advances after the forward, and the
+      // recomputed segments must still draw the forward's masks.
+      const auto logits = net->forward(x, 8, /*training=*/true);
+      std::vector<float> dlogits(logits.size());
+      (void)softmax_cross_entropy(logits, y, spec.output_size(), dlogits);
+      net->backward(dlogits);
+      return std::pair{std::vector<float>(net->gradients().begin(), net->gradients().end()),
+                       net->memory().peak.activations};
+    };
+    const auto [plain, plain_bytes] = run(false);
+    const auto [again, again_bytes] = run(true);
+    CHECK(relative_difference(plain, again) < 1e-6);
+    CHECK(again_bytes <= plain_bytes);
+    // An MLP's few outputs gain nothing from segments; convolutional stacks keep fewer.
+    if (name.starts_with("cnn")) CHECK(again_bytes < plain_bytes);
+    MESSAGE(name << ": activations " << plain_bytes << " B kept, " << again_bytes
+                 << " B recomputing");
+  }
+  auto cuda_like = device->make_network(make_network_spec("cnn:lenet5"));
+  cuda_like->set_recompute(true);
+  cuda_like->set_recompute(false);  // and back: buffers laid out anew
+  CHECK_FALSE(cuda_like->recompute());
 }
 
 TEST_CASE("a network under a memory limit refuses the allocation that would pass it") {
@@ -184,9 +226,14 @@ TEST_CASE("the plan fits the budget, keeps the batch and refuses naming the mini
     CHECK(plan.peak_bytes <= budget);
     CHECK(plan.batch == 64);
     CHECK(plan.accumulation == (64 + plan.micro_batch - 1) / plan.micro_batch);
-    CHECK(plan.micro_batch <= previous);
-    CHECK(plan.peak_bytes == measure_peak_bytes(spec, *device, sgd, 64, plan.micro_batch));
+    if (!plan.recompute) CHECK(plan.micro_batch <= previous);
+    CHECK(plan.peak_bytes ==
+          measure_peak_bytes(spec, *device, sgd, 64, plan.micro_batch, plan.recompute));
+    CHECK(plan.predicted_bytes > 0);
     previous = plan.micro_batch;
+    // At the minimum, one sample fits only with its activations recomputed (LeNet-5's
+    // convolutions keep more than their segment boundaries).
+    if (i == 8) CHECK(plan.recompute);
   }
   CHECK(previous == 1);
   try {
@@ -201,16 +248,17 @@ TEST_CASE("the plan fits the budget, keeps the batch and refuses naming the mini
   CHECK(describe(free, "cnn:lenet5").find("minimum budget") != std::string::npos);
 }
 
-TEST_CASE("the minimum is the smaller of the one-sample and whole-batch peaks") {
+TEST_CASE("the minimum is the least of the one-sample (kept or recomputed) and whole-batch peaks") {
   const auto device = make_device("cpu", {.threads = 1});
   const NetworkSpec spec = make_network_spec("mlp:784-256-128-10");
   const OptimizerOptions sgd{.learning_rate = 0.01f};
   const std::size_t whole = measure_peak_bytes(spec, *device, sgd, 32, 32);
   const std::size_t single = measure_peak_bytes(spec, *device, sgd, 32, 1);
+  const std::size_t recomputed = measure_peak_bytes(spec, *device, sgd, 32, 1, true);
   const MemoryPlan plan = plan_memory(spec, *device, sgd, 32, whole, "mlp");
   CHECK(plan.micro_batch == 32);  // a budget that holds the whole batch trains it whole
   CHECK(plan.peak_bytes == whole);
-  CHECK(plan.minimum_bytes == std::min(whole, single));
+  CHECK(plan.minimum_bytes == std::min({whole, single, recomputed}));
   CHECK_THROWS_AS((void)plan_memory(spec, *device, sgd, 32, plan.minimum_bytes - 1, "mlp"),
                   ConfigError);
 }

@@ -213,6 +213,13 @@ void Network::set_micro_batch(std::size_t m) {
   }
 }
 
+void Network::set_recompute(bool on) {
+  if (on) {
+    throw KernelError("the " + device_name() +
+                      " device does not recompute activations (train.memory_budget needs cpu)");
+  }
+}
+
 void Network::set_parameters(std::span<const float> values) {
   detail::check_size("Network::set_parameters", values.size(), parameter_count());
   std::ranges::copy(values, parameters().begin());

@@ -128,7 +128,10 @@ class CpuNetwork final : public Network {
     argmax_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
     widest_ = output_size();
-    for (const Op& op : ops_) widest_ = std::max({widest_, op.in_size, op.out_size});
+    // The activation gradients: each op's output's, and its input's where an earlier op needs it.
+    for (const Op& op : ops_) {
+      widest_ = std::max({widest_, op.out_size, op.needs_dx ? op.in_size : std::size_t{0}});
+    }
   }
 
   std::string device_name() const override { return "cpu"; }
@@ -197,6 +200,22 @@ class CpuNetwork final : public Network {
   void set_micro_batch(std::size_t m) override { micro_batch_ = m; }
   std::size_t micro_batch() const override { return micro_batch_; }
 
+  void set_recompute(bool on) override {
+    if (on == recompute_) return;
+    if (on && segment_end_.empty()) plan_segments();
+    recompute_ = on;
+    // Every activation buffer is laid out anew at the next forward.
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      outputs_[i] = FloatBuffer();
+      masks_[i] = FloatBuffer();
+      argmax_[i] = FloatBuffer();
+    }
+    arena_ = FloatBuffer();
+    output_capacity_ = training_capacity_ = 0;
+    trained_forward_ = false;
+  }
+  bool recompute() const override { return recompute_; }
+
   MemoryReport memory() const override {
     const auto now = [](const MemoryTracker& t) { return t.current(); };
     const auto top = [](const MemoryTracker& t) { return t.peak(); };
@@ -227,69 +246,87 @@ class CpuNetwork final : public Network {
   }
 
   // accumulate: the parameter gradients are added into gradients() (a micro-batch after the
-  // first); layers without parameters are unaffected.
+  // first); layers without parameters are unaffected. With recompute on, each segment but the
+  // last (whose activations the forward left in place) is run forward again from its boundary
+  // before going back through it.
   void run_backward(std::span<const float> dlogits, bool accumulate) {
     float* dy = grad_a_.data();
     float* dx = grad_b_.data();
     std::memcpy(dy, dlogits.data(), dlogits.size_bytes());  // kernels may mask it in place
-    for (std::size_t i = ops_.size(); i-- > 0;) {
-      Op& op = ops_[i];
-      float* want_dx = op.needs_dx ? dx : nullptr;
-      if (op.kind != OpKind::kLayer) {
-        if (want_dx == nullptr) break;  // nothing earlier has parameters
-        const std::size_t plane = op.shape.height * op.shape.width;
-        if (op.kind == OpKind::kToNhwc) {
-          nhwc_to_nchw(exec_, dy, want_dx, batch_, op.shape.channels, plane);
-        } else {
-          nchw_to_nhwc(exec_, dy, want_dx, batch_, op.shape.channels, plane);
-        }
-        std::swap(dx, dy);
-        continue;
+    const std::size_t segments = recompute_ ? segment_end_.size() : 1;
+    std::size_t end = ops_.size();
+    for (std::size_t s = segments; s-- > 0;) {
+      const std::size_t begin = s == 0 ? 0 : segment_end_[s - 1];
+      if (s + 1 < segments) {
+        const float* x = begin == 0 ? input_ptr_ : out_ptrs_[begin - 1];
+        for (std::size_t i = begin; i < end; ++i) x = forward_op(i, x, batch_, true);
       }
-      const LayerSpec& l = *op.layer;
-      const float* x = i == 0 ? input_ptr_ : out_ptrs_[i - 1];
-      const float* y = out_ptrs_[i];
-      const float* relu_y = op.relu && !op.relu_in_pool ? y : nullptr;
-      const float* pool_y = i > 0 && ops_[i - 1].relu_in_pool ? y : nullptr;
-      const float* w = params_.data() + l.weight_offset;
-      float* dw = grads_.data() + l.weight_offset;
-      float* db = grads_.data() + l.bias_offset;
-      const std::size_t n = batch_;
-      switch (l.kind) {
-        case LayerKind::kLinear:
-          linear_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, l.in, l.out, accumulate);
-          break;
-        case LayerKind::kConv2d:
-          if (op.fast_conv != nullptr) {
-            op.fast_conv->backward(exec_, w, dy, relu_y, dw, db, want_dx, n, accumulate);
-          } else {
-            conv2d_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, op.conv, accumulate);
-          }
-          break;
-        case LayerKind::kRelu:
-          if (want_dx != nullptr) relu_backward(y, dy, want_dx, n * op.out_size);
-          break;
-        case LayerKind::kMaxPool2d:
-          if (want_dx == nullptr) break;
-          if (op.nhwc) {
-            maxpool2d_backward_nhwc(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
-          } else {
-            maxpool2d_backward(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
-          }
-          break;
-        case LayerKind::kDropout:
-          if (want_dx == nullptr) break;
-          if (l.drop_probability > 0.0f) {
-            dropout_backward(dy, masks_[i].data(), want_dx, n * op.out_size);
-          } else {
-            std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
-          }
-          break;
-        case LayerKind::kFlatten: break;
+      for (std::size_t i = end; i-- > begin;) {
+        if (!backward_op(i, dy, dx, accumulate)) return;  // nothing earlier has parameters
+      }
+      end = begin;
+    }
+  }
+
+  // Op i's backward from dy (its output's gradient) into dx, then swaps the two so that dy holds
+  // its input's gradient. False when no earlier op needs a gradient.
+  bool backward_op(std::size_t i, float*& dy, float*& dx, bool accumulate) {
+    Op& op = ops_[i];
+    float* want_dx = op.needs_dx ? dx : nullptr;
+    if (op.kind != OpKind::kLayer) {
+      if (want_dx == nullptr) return false;
+      const std::size_t plane = op.shape.height * op.shape.width;
+      if (op.kind == OpKind::kToNhwc) {
+        nhwc_to_nchw(exec_, dy, want_dx, batch_, op.shape.channels, plane);
+      } else {
+        nchw_to_nhwc(exec_, dy, want_dx, batch_, op.shape.channels, plane);
       }
       std::swap(dx, dy);
-      if (!op.needs_dx) break;  // nothing earlier has parameters
+      return true;
     }
+    const LayerSpec& l = *op.layer;
+    const float* x = i == 0 ? input_ptr_ : out_ptrs_[i - 1];
+    const float* y = out_ptrs_[i];
+    const float* relu_y = op.relu && !op.relu_in_pool ? y : nullptr;
+    const float* pool_y = i > 0 && ops_[i - 1].relu_in_pool ? y : nullptr;
+    const float* w = params_.data() + l.weight_offset;
+    float* dw = grads_.data() + l.weight_offset;
+    float* db = grads_.data() + l.bias_offset;
+    const std::size_t n = batch_;
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        linear_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, l.in, l.out, accumulate);
+        break;
+      case LayerKind::kConv2d:
+        if (op.fast_conv != nullptr) {
+          op.fast_conv->backward(exec_, w, dy, relu_y, dw, db, want_dx, n, accumulate);
+        } else {
+          conv2d_backward(exec_, x, w, dy, relu_y, dw, db, want_dx, n, op.conv, accumulate);
+        }
+        break;
+      case LayerKind::kRelu:
+        if (want_dx != nullptr) relu_backward(y, dy, want_dx, n * op.out_size);
+        break;
+      case LayerKind::kMaxPool2d:
+        if (want_dx == nullptr) break;
+        if (op.nhwc) {
+          maxpool2d_backward_nhwc(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
+        } else {
+          maxpool2d_backward(exec_, dy, argmax(i), want_dx, n, op.pool, pool_y);
+        }
+        break;
+      case LayerKind::kDropout:
+        if (want_dx == nullptr) break;
+        if (l.drop_probability > 0.0f) {
+          dropout_backward(dy, mask(i), want_dx, n * op.out_size);
+        } else {
+          std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
+        }
+        break;
+      case LayerKind::kFlatten: break;
+    }
+    std::swap(dx, dy);
+    return op.needs_dx;
   }
 
   void set_optimizer(const OptimizerOptions& options) override {
@@ -369,70 +406,179 @@ class CpuNetwork final : public Network {
     reserve_outputs(batch);
     if (training) reserve_training(batch);
     input_ptr_ = x;
-    for (std::size_t i = 0; i < ops_.size(); ++i) {
-      Op& op = ops_[i];
-      float* y = outputs_[i].data();
-      if (op.kind != OpKind::kLayer) {
-        const std::size_t plane = op.shape.height * op.shape.width;
-        if (op.kind == OpKind::kToNhwc) {
-          nchw_to_nhwc(exec_, x, y, batch, op.shape.channels, plane);
-        } else {
-          nhwc_to_nchw(exec_, x, y, batch, op.shape.channels, plane);
-        }
-        out_ptrs_[i] = y;
-        x = y;
-        continue;
-      }
-      const LayerSpec& l = *op.layer;
-      const float* w = params_.data() + l.weight_offset;
-      const float* b = params_.data() + l.bias_offset;
-      switch (l.kind) {
-        case LayerKind::kLinear:
-          linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
-          break;
-        case LayerKind::kConv2d:
-          if (op.fast_conv != nullptr) {
-            op.fast_conv->forward(exec_, x, w, b, y, batch, op.relu);
-          } else {
-            conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
-          }
-          break;
-        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
-        case LayerKind::kMaxPool2d:
-          if (op.nhwc) {
-            maxpool2d_forward_nhwc(exec_, x, y, argmax(i), batch, op.pool);
-          } else {
-            maxpool2d_forward(exec_, x, y, argmax(i), batch, op.pool);
-          }
-          break;
-        case LayerKind::kDropout:
-          if (training && l.drop_probability > 0.0f) {
-            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
-                            detail::dropout_key(seed_, dropout_calls_, op.index),
-                            first_sample * op.out_size);
-          } else {
-            y = const_cast<float*>(x);  // identity: pass the input through, never written
-          }
-          break;
-        case LayerKind::kFlatten: break;
-      }
-      out_ptrs_[i] = y;
-      x = y;
-    }
+    first_sample_ = first_sample;
+    stream_ = dropout_calls_;
+    for (std::size_t i = 0; i < ops_.size(); ++i) x = forward_op(i, x, batch, training);
     batch_ = batch;
     trained_forward_ = training;
     return {x, batch * output_size()};
   }
 
-  std::int32_t* argmax(std::size_t op) {
+  // Op i on x (its input); returns its output, also left in out_ptrs_[i].
+  const float* forward_op(std::size_t i, const float* x, std::size_t batch, bool training) {
+    Op& op = ops_[i];
+    float* y = output(i);
+    if (op.kind != OpKind::kLayer) {
+      const std::size_t plane = op.shape.height * op.shape.width;
+      if (op.kind == OpKind::kToNhwc) {
+        nchw_to_nhwc(exec_, x, y, batch, op.shape.channels, plane);
+      } else {
+        nhwc_to_nchw(exec_, x, y, batch, op.shape.channels, plane);
+      }
+      out_ptrs_[i] = y;
+      return y;
+    }
+    const LayerSpec& l = *op.layer;
+    const float* w = params_.data() + l.weight_offset;
+    const float* b = params_.data() + l.bias_offset;
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        linear_forward(exec_, x, w, b, y, batch, l.in, l.out, op.relu);
+        break;
+      case LayerKind::kConv2d:
+        if (op.fast_conv != nullptr) {
+          op.fast_conv->forward(exec_, x, w, b, y, batch, op.relu);
+        } else {
+          conv2d_forward(exec_, x, w, b, y, batch, op.conv, op.relu);
+        }
+        break;
+      case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
+      case LayerKind::kMaxPool2d:
+        if (op.nhwc) {
+          maxpool2d_forward_nhwc(exec_, x, y, argmax(i), batch, op.pool);
+        } else {
+          maxpool2d_forward(exec_, x, y, argmax(i), batch, op.pool);
+        }
+        break;
+      case LayerKind::kDropout:
+        if (training && l.drop_probability > 0.0f) {
+          dropout_forward(x, y, mask(i), batch * op.out_size, l.drop_probability,
+                          detail::dropout_key(seed_, stream_, op.index),
+                          first_sample_ * op.out_size);
+        } else if (recompute_ && kept_[i]) {
+          // A kept output must outlive the segment whose scratch x may be in: copy it.
+          std::memcpy(y, x, batch * op.out_size * sizeof(float));
+        } else {
+          y = const_cast<float*>(x);  // identity: pass the input through, never written
+        }
+        break;
+      case LayerKind::kFlatten: break;
+    }
+    out_ptrs_[i] = y;
+    return y;
+  }
+
+  // Where op i's output, max-pool indices and dropout mask live: buffers of their own, or with
+  // recompute on, a kept output's own buffer and everything else in the segment scratch arena_
+  // (per op: the output unless kept, then the indices, then the mask).
+  float* output(std::size_t i) {
+    if (!recompute_ || kept_[i]) return outputs_[i].data();
+    return arena_.data() + arena_at_[i] * output_capacity_;
+  }
+  float* mask(std::size_t i) {
+    if (!recompute_) return masks_[i].data();
+    const Op& op = ops_[i];
+    const std::size_t skip =
+        (kept_[i] ? 0 : op.out_size) + (op.layer->kind == LayerKind::kMaxPool2d ? op.out_size : 0);
+    return arena_.data() + (arena_at_[i] + skip) * output_capacity_;
+  }
+
+  std::int32_t* argmax(std::size_t i) {
     static_assert(sizeof(std::int32_t) == sizeof(float));
-    return reinterpret_cast<std::int32_t*>(argmax_[op].data());  // storage only, never a float
+    float* p = argmax_[i].data();
+    if (recompute_)
+      p = arena_.data() + (arena_at_[i] + (kept_[i] ? 0 : ops_[i].out_size)) * output_capacity_;
+    return reinterpret_cast<std::int32_t*>(p);  // storage only, never a float
+  }
+
+  // Per op, the floats per sample of its output and of what else its backward keeps (max-pool
+  // indices, a dropout mask).
+  std::size_t extra_floats(const Op& op) const {
+    if (op.layer == nullptr) return 0;
+    if (op.layer->kind == LayerKind::kMaxPool2d) return op.out_size;
+    if (op.layer->kind == LayerKind::kDropout && op.layer->drop_probability > 0.0f)
+      return op.out_size;
+    return 0;
+  }
+
+  // Chooses the checkpoint segments: a segment [a, b) keeps op b-1's output (the next segment's
+  // input; the last is the logits) and recomputes the rest into a scratch arena shared by all
+  // segments, so a training step holds the kept outputs plus the largest segment's arena (per
+  // sample). For every arena size T that some segment needs, dynamic programming finds the
+  // segmentation with the fewest kept floats whose segments all fit T; the best T + kept wins,
+  // the larger T (fewer recomputed floats) on a tie.
+  void plan_segments() {
+    const std::size_t n = ops_.size();
+    std::vector<std::size_t> outs(n + 1, 0), extras(n + 1, 0);  // prefix sums
+    for (std::size_t i = 0; i < n; ++i) {
+      outs[i + 1] = outs[i] + ops_[i].out_size;
+      extras[i + 1] = extras[i] + extra_floats(ops_[i]);
+    }
+    const auto arena = [&](std::size_t a, std::size_t b) {  // ops [a, b), b > a
+      return outs[b - 1] - outs[a] + extras[b] - extras[a];
+    };
+    constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+    std::size_t best = kNone, best_arena = 0;
+    std::vector<std::size_t> best_from;
+    std::vector<std::size_t> cost(n + 1), from(n + 1);
+    for (std::size_t ta = 0; ta < n; ++ta) {
+      for (std::size_t tb = ta + 1; tb <= n; ++tb) {
+        const std::size_t t = arena(ta, tb);
+        std::fill(cost.begin(), cost.end(), kNone);
+        cost[0] = 0;
+        for (std::size_t b = 1; b <= n; ++b) {
+          for (std::size_t a = 0; a < b; ++a) {
+            if (cost[a] == kNone || arena(a, b) > t) continue;
+            const std::size_t c = cost[a] + ops_[b - 1].out_size;
+            if (c < cost[b]) {
+              cost[b] = c;
+              from[b] = a;
+            }
+          }
+        }
+        if (cost[n] == kNone) continue;
+        const std::size_t total = cost[n] + t;
+        if (best == kNone || total < best || (total == best && t > best_arena)) {
+          best = total;
+          best_arena = t;
+          best_from = from;
+        }
+      }
+    }
+    segment_end_.clear();
+    for (std::size_t b = n; b > 0; b = best_from[b]) segment_end_.push_back(b);
+    std::reverse(segment_end_.begin(), segment_end_.end());
+    kept_.assign(n, false);
+    arena_at_.assign(n, 0);
+    arena_per_sample_ = 0;
+    std::size_t begin = 0;
+    for (const std::size_t end : segment_end_) {
+      kept_[end - 1] = true;
+      std::size_t at = 0;
+      for (std::size_t i = begin; i < end; ++i) {
+        arena_at_[i] = at;
+        at += (kept_[i] ? 0 : ops_[i].out_size) + extra_floats(ops_[i]);
+      }
+      arena_per_sample_ = std::max(arena_per_sample_, at);
+      begin = end;
+    }
   }
 
   // Grows the buffers a forward pass writes (layer outputs, argmax) to `batch` samples. An old
   // buffer is freed before its successor is made, so growing never holds both.
   void reserve_outputs(std::size_t batch) {
     if (batch <= output_capacity_) return;
+    if (recompute_) {  // kept outputs, and one arena for the rest (indices and masks included)
+      for (std::size_t i = 0; i < ops_.size(); ++i) {
+        if (!kept_[i]) continue;
+        outputs_[i] = FloatBuffer();
+        outputs_[i] = FloatBuffer(batch * ops_[i].out_size, &activation_bytes_);
+      }
+      arena_ = FloatBuffer();
+      arena_ = FloatBuffer(batch * arena_per_sample_, &activation_bytes_);
+      output_capacity_ = batch;
+      return;
+    }
     for (std::size_t i = 0; i < ops_.size(); ++i) {
       const Op& op = ops_[i];
       outputs_[i] = FloatBuffer();
@@ -448,7 +594,7 @@ class CpuNetwork final : public Network {
   // Grows what only training needs: dropout masks, activation gradients, logit gradients.
   void reserve_training(std::size_t batch) {
     if (batch <= training_capacity_) return;
-    for (std::size_t i = 0; i < ops_.size(); ++i) {
+    for (std::size_t i = 0; i < ops_.size() && !recompute_; ++i) {  // recompute: in arena_
       const Op& op = ops_[i];
       if (op.layer != nullptr && op.layer->kind == LayerKind::kDropout) {
         masks_[i] = FloatBuffer();
@@ -493,11 +639,22 @@ class CpuNetwork final : public Network {
 
   std::size_t micro_batch_ = 0;  // 0: whole batches
 
+  // Recomputation (set_recompute): segment ends (exclusive, ascending, the last ops_.size()),
+  // which ops' outputs are kept, and each op's offset in the arena in floats per sample.
+  bool recompute_ = false;
+  std::vector<std::size_t> segment_end_;
+  std::vector<bool> kept_;
+  std::vector<std::size_t> arena_at_;
+  std::size_t arena_per_sample_ = 0;
+  FloatBuffer arena_;  // output_capacity_ samples
+
   // State of the last forward.
   const float* input_ptr_ = nullptr;
   std::vector<const float*> out_ptrs_;
   std::size_t batch_ = 0;
   bool trained_forward_ = false;
+  std::size_t first_sample_ = 0;  // of the step's dropout stream
+  std::uint64_t stream_ = 0;      // the dropout stream (dropout_calls_ when it ran)
 
   std::uint64_t seed_ = 0;
   std::uint64_t dropout_calls_ = 0;

@@ -233,6 +233,15 @@ class Network {
   // m samples at a time. KernelError on devices that cannot (CUDA today).
   virtual void set_micro_batch(std::size_t m);
   [[nodiscard]] virtual std::size_t micro_batch() const { return 0; }
+  // Activation checkpointing (ALGORITHMS.md 3.5.3). On: a training forward keeps only the
+  // outputs at segment boundaries (and the logits), and backward recomputes each earlier
+  // segment's forward from its boundary just before going back through it. The segments are
+  // chosen once per network to minimise the kept activations plus the largest segment; the
+  // gradients are the same as without (dropout masks are redrawn from the same stream), at the
+  // cost of one more forward of all but the last segment. KernelError where the device cannot
+  // (CUDA today).
+  virtual void set_recompute(bool on);
+  [[nodiscard]] virtual bool recompute() const { return false; }
 
   [[nodiscard]] virtual MemoryReport memory() const { return {}; }
   virtual void reset_memory_peak() {}
