@@ -278,8 +278,8 @@ class Participant {
     const auto plan = apply_memory_budget(*net_, *device_, options_train_, budget, model_name);
     COHORT_LOG(Info) << name() << ": memory budget " << budget << " bytes: batch " << plan.batch
                      << " as " << plan.accumulation << " x " << plan.micro_batch
-                     << " (measured peak " << plan.peak_bytes << " bytes, minimum "
-                     << plan.minimum_bytes << ")";
+                     << (plan.recompute ? ", recomputing activations" : "") << " (measured peak "
+                     << plan.peak_bytes << " bytes, minimum " << plan.minimum_bytes << ")";
   }
 
   // How every exchange with the shards runs: resent on the library's schedule (3 s doubling to
@@ -335,12 +335,14 @@ class Participant {
     report.peak_training_bytes = result.peak_bytes;
     report.micro_batch = static_cast<std::uint32_t>(result.micro_batch);
     report.accumulation = static_cast<std::uint32_t>(result.accumulation);
+    report.recompute = result.recompute;
     const std::string memory_line =
         name() + ": round " + std::to_string(rs.round) + ": " + std::to_string(result.steps) +
         " steps, training memory peak " + std::to_string(result.peak_bytes) + " bytes (batch " +
         std::to_string(options_train_.batch_size) + " as " + std::to_string(result.accumulation) +
-        " x " + std::to_string(result.micro_batch) + ")";
-    if (result.accumulation > 1) {
+        " x " + std::to_string(result.micro_batch) +
+        (result.recompute ? ", recomputing activations" : "") + ")";
+    if (result.accumulation > 1 || result.recompute) {
       COHORT_LOG(Info) << memory_line;
     } else {
       COHORT_LOG(Debug) << memory_line;

@@ -193,6 +193,7 @@ kernels::MemoryPlan apply_memory_budget(kernels::Network& network, const kernels
                                         std::string_view model_name) {
   if (budget == 0) {
     network.set_micro_batch(0);
+    network.set_recompute(false);
     kernels::MemoryPlan whole;
     whole.batch = whole.micro_batch = options.batch_size;
     return whole;
@@ -200,6 +201,7 @@ kernels::MemoryPlan apply_memory_budget(kernels::Network& network, const kernels
   kernels::MemoryPlan plan = kernels::plan_memory(network.spec(), device, options.optimizer,
                                                   options.batch_size, budget, model_name);
   network.set_micro_batch(plan.network_micro_batch());
+  network.set_recompute(plan.recompute);
   return plan;
 }
 
@@ -351,6 +353,7 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
   const std::size_t m = network_.micro_batch();
   result.micro_batch = m == 0 || m >= B ? B : m;
   result.accumulation = (B + result.micro_batch - 1) / result.micro_batch;
+  result.recompute = network_.recompute();
   return result;
 }
 

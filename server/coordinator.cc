@@ -510,7 +510,8 @@ void Coordinator::note_client_report(const NodeId& id, const transport::ClientRe
                         .measured_samples_per_s = r.samples_per_second,
                         .peak_training_bytes = r.peak_training_bytes,
                         .micro_batch = r.micro_batch,
-                        .accumulation = r.accumulation};
+                        .accumulation = r.accumulation,
+                        .recompute = r.recompute};
   if (const auto a = assigned_.find(id); a != assigned_.end()) rec.assigned_steps = a->second;
   if (r.trained) ++participations_[id];
   rec.participations = participations_[id];

@@ -131,13 +131,14 @@ struct ClientRoundRecord {
   std::uint64_t peak_training_bytes = 0;  // ClientReport: its measured training-memory peak
   std::uint32_t micro_batch = 0;          // ClientReport: its memory plan (0: not said)
   std::uint32_t accumulation = 0;
+  bool recompute = false;            // ClientReport: activations recomputed by segment
   std::uint64_t participations = 0;  // complete updates so far, this one included
   ClientProfile profile;             // after this report
 };
 
 // The fields of the "client" record: round_id, client, trained, assigned_steps, local_steps,
 // measured_samples_per_s, samples_per_s (the average), profile_reports, participations,
-// peak_training_bytes, micro_batch, accumulation, and per
+// peak_training_bytes, micro_batch, accumulation, recompute, and per
 // shard k down_bytes_per_s_<k> and up_bytes_per_s_<k> (averages; 0: not measured).
 std::vector<MetricField> client_record_fields(const ClientRoundRecord& record);
 

@@ -237,10 +237,12 @@ TEST_CASE("profiles: the client record names every field, one rate pair per shar
                       .peak_training_bytes = 4096,
                       .micro_batch = 16,
                       .accumulation = 4,
+                      .recompute = true,
                       .participations = 3,
                       .profile = measured(250, 2, 0.5f, 0.25f)};
   const auto f = as_map(client_record_fields(r));
-  CHECK(f.size() == 16);
+  CHECK(f.size() == 17);
+  CHECK(std::get<bool>(f.at("recompute")));
   CHECK(std::get<std::uint64_t>(f.at("peak_training_bytes")) == 4096);
   CHECK(std::get<std::uint64_t>(f.at("micro_batch")) == 16);
   CHECK(std::get<std::uint64_t>(f.at("accumulation")) == 4);

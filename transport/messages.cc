@@ -194,6 +194,7 @@ struct Writer {
     r.setPeakTrainingBytes(m.peak_training_bytes);
     r.setMicroBatch(m.micro_batch);
     r.setAccumulation(m.accumulation);
+    r.setRecompute(m.recompute);
     auto links = r.initLinks(static_cast<unsigned>(m.links.size()));
     for (unsigned i = 0; i < m.links.size(); ++i) {
       const auto& l = m.links[i];
@@ -288,7 +289,8 @@ ClientReport read_report(wire::ClientReport::Reader r) {
                    .links = {},
                    .peak_training_bytes = r.getPeakTrainingBytes(),
                    .micro_batch = r.getMicroBatch(),
-                   .accumulation = r.getAccumulation()};
+                   .accumulation = r.getAccumulation(),
+                   .recompute = r.getRecompute()};
   out.links.reserve(links.size());
   for (auto l : links) {
     out.links.push_back({.shard = l.getShard(),

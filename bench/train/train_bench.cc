@@ -235,7 +235,8 @@ std::vector<std::size_t> budgets_for(const Options& options,
   return budgets;
 }
 
-// Trains a fresh network in micro-batches of plan.network_micro_batch() and measures the peak.
+// Trains a fresh network in micro-batches of plan.network_micro_batch() (recomputing activations
+// where the plan does) and measures the peak.
 BudgetRun run_plan(const Options& options, const Dataset& data,
                    const cohort::kernels::NetworkSpec& spec, const cohort::kernels::Device& device,
                    cohort::kernels::MemoryPlan plan) {
@@ -243,6 +244,7 @@ BudgetRun run_plan(const Options& options, const Dataset& data,
   auto net = device.make_network(spec);
   net->init(1);
   net->set_micro_batch(run.plan.network_micro_batch());
+  net->set_recompute(run.plan.recompute);
   run.timing = time_training(options, data, *net);
   run.peak_bytes = net->memory().peak.total + trainer_batch_bytes(spec, options.batch);
   return run;

@@ -269,6 +269,7 @@ struct ClientReport {
   peakTrainingBytes @18 :UInt64;  # training memory high-water mark this round (0: not tracked)
   microBatch @19 :UInt32;         # samples per forward/backward (0: not said)
   accumulation @20 :UInt32;       # micro-batches per step (train.memory_budget's plan)
+  recompute @21 :Bool;            # activations recomputed by segment (the plan, as above)
 }
 
 # A client's measurement of its link to one shard in one round: payload bytes and the time from

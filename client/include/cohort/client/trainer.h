@@ -106,6 +106,7 @@ struct TrainResult {
   std::size_t peak_bytes = 0;
   std::size_t micro_batch = 0;   // samples per forward/backward (batch_size when not split)
   std::size_t accumulation = 1;  // micro-batches per step
+  bool recompute = false;        // activations recomputed by segment (Network::set_recompute)
 };
 
 struct EvalResult {

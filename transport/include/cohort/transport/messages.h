@@ -223,6 +223,7 @@ struct ClientReport {
   std::uint64_t peak_training_bytes = 0;
   std::uint32_t micro_batch = 0;
   std::uint32_t accumulation = 0;
+  bool recompute = false;
   bool operator==(const ClientReport&) const = default;
 };
 
