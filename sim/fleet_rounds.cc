@@ -198,6 +198,7 @@ void Fleet::submit(Job& job) {
       const FloatBuffer& model = *j->model;
       // The client's memory plan, on whichever slot trains (or evaluates) it: 0 is whole batches.
       slot->net->set_micro_batch(memory_.micro_batch(j->client));
+      slot->net->set_recompute(memory_.recompute(j->client));
       j->micro_batch = slot->net->micro_batch();
       auto params = slot->net->parameters();
       std::copy(model.begin(), model.end(), params.begin());
@@ -352,6 +353,7 @@ void Fleet::finish_training_job(Job& job) {
     rec.steps_sum += job.result.steps;
     ++rec.updates;
     if (job.micro_batch > 0) ++rec.micro_batched;
+    if (memory_.recompute(job.client)) ++rec.recomputed;
   }
   rec.loss_sum += job.result.mean_loss * static_cast<double>(r.num_samples);
   rec.samples += r.num_samples;

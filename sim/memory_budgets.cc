@@ -25,15 +25,23 @@ constexpr int kMaxProbes = 6;
 
 // plan_memory()'s choice for any number of budgets, with its probe steps shared: the minimum is
 // measured once and each candidate micro-batch's peak at most once. As in plan_memory(), a
-// budget that holds the whole batch's measured peak trains whole batches, and the minimum is the
-// smaller of the whole-batch and micro-batch-1 peaks.
+// budget that holds the whole batch's measured peak trains whole batches, one below the
+// micro-batch-1 peak recomputes activations (in the largest micro-batch, doubling from 1, that
+// then fits), and the minimum is the least of the whole-batch and micro-batch-1 peaks, kept or
+// recomputed.
 class BudgetPlanner {
  public:
+  struct Choice {
+    std::size_t micro_batch = 0;
+    bool recompute = false;
+  };
+
   BudgetPlanner(const kernels::NetworkSpec& spec, const kernels::Device& device,
                 const kernels::OptimizerOptions& optimizer, std::size_t batch)
       : spec_(spec), device_(device), optimizer_(optimizer), batch_(batch) {
     whole_ = kernels::measure_peak_bytes(spec_, device_, optimizer_, batch_, batch_);
-    minimum_ = std::min(whole_, kernels::measure_peak_bytes(spec_, device_, optimizer_, batch_, 1));
+    single_ = kernels::measure_peak_bytes(spec_, device_, optimizer_, batch_, 1);
+    minimum_ = std::min({whole_, single_, peak(1, true)});
     // Candidates: the largest micro-batch for each accumulation count k = 1, 2, ...
     for (std::size_t k = 1; k <= batch_; ++k) {
       const std::size_t m = (batch_ + k - 1) / k;
@@ -41,39 +49,47 @@ class BudgetPlanner {
     }
   }
 
-  // The least budget that trains: the whole batch's peak or micro-batch 1's, the smaller.
+  // The least budget that trains (see above).
   [[nodiscard]] std::size_t minimum() const { return minimum_; }
 
-  // The micro-batch plan_memory() picks under `budget` (batch: whole batches); nullopt when not
-  // even one sample fits.
-  std::optional<std::size_t> micro_batch(std::size_t budget) {
-    if (budget == 0 || budget >= whole_) return batch_;
+  // The plan plan_memory() picks under `budget` (micro-batch batch: whole batches); nullopt
+  // when not even one sample fits.
+  std::optional<Choice> choose(std::size_t budget) {
+    if (budget == 0 || budget >= whole_) return Choice{batch_};
     if (budget < minimum_) return std::nullopt;
+    if (budget < single_) {  // recompute, in the largest micro-batch that fits
+      std::size_t m = 1;
+      while (m < batch_ && peak(std::min(2 * m, batch_), true) <= budget)
+        m = std::min(2 * m, batch_);
+      return Choice{m, true};
+    }
     if (!model_) model_ = kernels::measure_memory_model(spec_, device_, optimizer_);
     int probes = 0;
     for (const std::size_t m : candidates_) {
       if (m == 1) break;
       if (model_->bytes(batch_, m) > budget) continue;
       if (++probes > kMaxProbes) break;
-      if (peak(m) <= budget) return m;
+      if (peak(m, false) <= budget) return Choice{m};
     }
-    return 1;
+    return Choice{1};
   }
 
  private:
-  std::size_t peak(std::size_t m) {
-    auto [it, fresh] = peaks_.try_emplace(m, 0);
-    if (fresh) it->second = kernels::measure_peak_bytes(spec_, device_, optimizer_, batch_, m);
+  std::size_t peak(std::size_t m, bool recompute) {
+    auto [it, fresh] = peaks_.try_emplace({m, recompute}, 0);
+    if (fresh) {
+      it->second = kernels::measure_peak_bytes(spec_, device_, optimizer_, batch_, m, recompute);
+    }
     return it->second;
   }
 
   const kernels::NetworkSpec& spec_;
   const kernels::Device& device_;
   kernels::OptimizerOptions optimizer_;
-  std::size_t batch_ = 0, whole_ = 0, minimum_ = 0;
+  std::size_t batch_ = 0, whole_ = 0, single_ = 0, minimum_ = 0;
   std::vector<std::size_t> candidates_;
   std::optional<kernels::MemoryModel> model_;
-  std::map<std::size_t, std::size_t> peaks_;
+  std::map<std::pair<std::size_t, bool>, std::size_t> peaks_;  // by (micro-batch, recompute)
 };
 
 // A profile's memory in whole bytes; a budget beyond any host's is no limit worth probing.
@@ -92,24 +108,38 @@ FleetMemory FleetMemory::plan(const kernels::NetworkSpec& spec, const kernels::D
   out.batch_ = batch;
   out.parameters_ = spec.parameter_count();
   out.micro_batch_.assign(budgets.size(), 0);
+  out.recompute_.assign(budgets.size(), 0);
   BudgetPlanner planner(spec, device, optimizer, batch);
   out.minimum_bytes_ = planner.minimum();
-  std::map<std::size_t, std::optional<std::size_t>> by_budget;  // distinct budgets, planned once
+  // Distinct budgets, planned once.
+  std::map<std::size_t, std::optional<BudgetPlanner::Choice>> by_budget;
   for (std::size_t c = 0; c < budgets.size(); ++c) {
     auto [it, fresh] = by_budget.try_emplace(budgets[c]);
-    if (fresh) it->second = planner.micro_batch(budgets[c]);
+    if (fresh) it->second = planner.choose(budgets[c]);
     if (!it->second) {
       out.micro_batch_[c] = kUnfit;
       ++out.unfit_;
-    } else if (*it->second < batch) {
-      out.micro_batch_[c] = static_cast<std::uint32_t>(*it->second);
-      out.slowdown_.try_emplace(*it->second, 0.0);
+      continue;
+    }
+    const auto [m, recompute] = *it->second;
+    if (recompute) {
+      out.recompute_[c] = 1;
+      out.recompute_slowdown_.try_emplace(m, 0.0);
+      ++out.recomputing_;
+    }
+    if (m < batch) {
+      out.micro_batch_[c] = static_cast<std::uint32_t>(m);
+      if (!recompute) out.slowdown_.try_emplace(m, 0.0);
       ++out.micro_batched_;
     }
   }
   out.measured_ = slowdown <= 0;
-  for (auto& [m, r] : out.slowdown_) {
-    r = out.measured_ ? measure_micro_batch_slowdown(spec, device, optimizer, batch, m) : slowdown;
+  for (auto* factors : {&out.slowdown_, &out.recompute_slowdown_}) {
+    const bool recompute = factors == &out.recompute_slowdown_;
+    for (auto& [m, r] : *factors) {
+      r = out.measured_ ? measure_micro_batch_slowdown(spec, device, optimizer, batch, m, recompute)
+                        : slowdown;
+    }
   }
   return out;
 }
@@ -124,36 +154,47 @@ std::size_t FleetMemory::micro_batch(std::uint32_t c) const {
   return m == kUnfit ? 0 : m;
 }
 
+bool FleetMemory::recompute(std::uint32_t c) const {
+  return !recompute_.empty() && recompute_.at(c) != 0;
+}
+
 double FleetMemory::slowdown(std::uint32_t c) const {
   const std::size_t m = micro_batch(c);
+  if (recompute(c)) return recompute_slowdown_.at(m == 0 ? batch_ : m);
   return m == 0 ? 1.0 : slowdown_.at(m);
 }
 
 double measure_micro_batch_slowdown(const kernels::NetworkSpec& spec, const kernels::Device& device,
                                     const kernels::OptimizerOptions& optimizer, std::size_t batch,
-                                    std::size_t micro_batch) {
+                                    std::size_t micro_batch, bool recompute) {
   constexpr int kSteps = 5;
-  auto net = device.make_network(spec);
-  net->init(1);
   kernels::OptimizerOptions frozen = optimizer;
   frozen.learning_rate = 0.0f;  // the same arithmetic every step: nothing drifts or diverges
-  net->set_optimizer(frozen);
+  const auto make = [&](std::size_t m, bool segments) {
+    auto net = device.make_network(spec);
+    net->init(1);
+    net->set_optimizer(frozen);
+    net->set_micro_batch(m < batch ? m : 0);
+    net->set_recompute(segments);
+    return net;
+  };
+  const auto whole_net = make(batch, false);
+  const auto split_net = make(micro_batch, recompute);
   const std::size_t d = spec.input_shape().size();
   std::vector<float> x(batch * d);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 251) / 251.0f;
   const std::vector<std::int32_t> y(batch, 0);
-  const auto seconds = [&](std::size_t m) {
-    net->set_micro_batch(m);
+  const auto seconds = [&](kernels::Network& net) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int s = 0; s < kSteps; ++s) (void)net->train_step(x, y, batch);
+    for (int s = 0; s < kSteps; ++s) (void)net.train_step(x, y, batch);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  (void)seconds(0);  // warm-up: buffers grow to both sizes, caches fill
-  (void)seconds(micro_batch);
+  (void)seconds(*whole_net);  // warm-up: buffers grow, caches fill
+  (void)seconds(*split_net);
   std::array<double, 3> ratios{};
   for (auto& r : ratios) {
-    const double whole = seconds(0);
-    r = seconds(micro_batch) / std::max(whole, 1e-9);
+    const double whole = seconds(*whole_net);
+    r = seconds(*split_net) / std::max(whole, 1e-9);
   }
   std::sort(ratios.begin(), ratios.end());
   return std::max(1.0, ratios[1]);
@@ -194,15 +235,18 @@ FleetMemory plan_fleet_memory(const Config& config, const SimOptions& options) {
                      << what << ": their memory is below the minimum of " << minimum
                      << "; they are never selected";
   }
-  for (const auto& [m, r] : memory.slowdowns()) {
-    char factor[32];
-    std::snprintf(factor, sizeof factor, "%.3f", r);
-    COHORT_LOG(Info) << "cohort-sim: memory budgets: micro-batches of " << m << " (batch "
-                     << train.batch_size << " in " << (train.batch_size + m - 1) / m
-                     << "), compute time x " << factor
-                     << (memory.slowdown_measured() ? " measured on this host "
-                                                      "(sim.micro_batch_slowdown pins it)"
-                                                    : " (sim.micro_batch_slowdown)");
+  for (const bool recompute : {false, true}) {
+    for (const auto& [m, r] : recompute ? memory.recompute_slowdowns() : memory.slowdowns()) {
+      char factor[32];
+      std::snprintf(factor, sizeof factor, "%.3f", r);
+      COHORT_LOG(Info) << "cohort-sim: memory budgets: micro-batches of " << m << " (batch "
+                       << train.batch_size << " in " << (train.batch_size + m - 1) / m << ")"
+                       << (recompute ? ", recomputing activations" : "") << ", compute time x "
+                       << factor
+                       << (memory.slowdown_measured() ? " measured on this host "
+                                                        "(sim.micro_batch_slowdown pins it)"
+                                                      : " (sim.micro_batch_slowdown)");
+    }
   }
   return memory;
 }

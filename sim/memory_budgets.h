@@ -8,19 +8,21 @@
 //   - fits in m:    its local training runs in micro-batches of m with gradient accumulation
 //                   (Network::set_micro_batch on whichever slot trains it), and the virtual clock
 //                   multiplies its compute time by r(m) >= 1, the slowdown of micro-batching;
-//   - fits nothing: (below the minimum: micro-batches of one sample, or the whole batch if that
-//                   needs less) the client never registers, as a real cohort-client whose plan
-//                   fails never does, so the coordinator never selects it; the run counts it
-//                   (Summary::clients_unfit).
+//   - fits only recomputing: (below micro-batch 1's peak, at or above its peak with activations
+//                   recomputed) micro-batches of the largest m that then fits, doubling from 1,
+//                   with Network::set_recompute, and the factor r_rc(m) >= 1 of both;
+//   - fits nothing: (below the minimum: micro-batches of one sample, kept or recomputed, or the
+//                   whole batch if that needs less) the client never registers, as a real
+//                   cohort-client whose plan fails never does, so the coordinator never selects it;
+//                   the run counts it (Summary::clients_unfit).
 //
 // Cost: plan_memory() runs probe steps, so they are shared rather than run per budget: the
 // model, the whole batch's peak and the minimum are measured once, and each candidate
 // micro-batch is probed at most once for the whole fleet (a batch B has about 2 sqrt(B)
 // candidates, however many distinct budgets a continuous distribution draws). r(m) is timed
-// once per micro-batch in use, unless sim.micro_batch_slowdown pins it: a timing varies from
-// host to host and run to run, the only part of a simulation that does, so reproducible runs
-// pin it. Activation recomputation is never planned (MemoryPlan::recompute is always false): it
-// adds nothing to the clock today.
+// once per micro-batch (and recomputation) in use, unless sim.micro_batch_slowdown pins it: a
+// timing varies from host to host and run to run, the only part of a simulation that does, so
+// reproducible runs pin it (one factor for all).
 // Private to sim/.
 #pragma once
 
@@ -58,36 +60,46 @@ class FleetMemory {
   [[nodiscard]] bool fits(std::uint32_t c) const;
   // The value for Network::set_micro_batch(): 0 for whole batches (and for an unfit client).
   [[nodiscard]] std::size_t micro_batch(std::uint32_t c) const;
-  // r(m) of the client's micro-batch: 1 for whole batches.
+  // Whether the client recomputes activations (Network::set_recompute).
+  [[nodiscard]] bool recompute(std::uint32_t c) const;
+  // r(m) of the client's micro-batch (r_rc(m) when it recomputes): 1 for whole batches.
   [[nodiscard]] double slowdown(std::uint32_t c) const;
   [[nodiscard]] std::size_t clients() const { return micro_batch_.size(); }
   [[nodiscard]] std::size_t unfit() const { return unfit_; }
-  // Clients that train in micro-batches.
+  // Clients that train in micro-batches; that recompute activations.
   [[nodiscard]] std::size_t micro_batched() const { return micro_batched_; }
+  [[nodiscard]] std::size_t recomputing() const { return recomputing_; }
   [[nodiscard]] std::size_t batch() const { return batch_; }
   [[nodiscard]] std::size_t parameters() const { return parameters_; }
-  // The least budget that trains (0 without budgets): micro-batches of one sample, or the whole
-  // batch when that needs less (memory_budgets.cc).
+  // The least budget that trains (0 without budgets): micro-batches of one sample (kept or
+  // recomputed), or the whole batch when that needs less (memory_budgets.cc).
   [[nodiscard]] std::size_t minimum_bytes() const { return minimum_bytes_; }
   // r(m) of every micro-batch m < batch in use; whether they were measured.
   [[nodiscard]] const std::map<std::size_t, double>& slowdowns() const { return slowdown_; }
+  // r_rc(m) of every micro-batch m (batch: whole) that recomputes activations.
+  [[nodiscard]] const std::map<std::size_t, double>& recompute_slowdowns() const {
+    return recompute_slowdown_;
+  }
   [[nodiscard]] bool slowdown_measured() const { return measured_; }
 
  private:
   static constexpr std::uint32_t kUnfit = 0xffffffffu;
   std::vector<std::uint32_t> micro_batch_;  // per client: set_micro_batch()'s value, or kUnfit
-  std::map<std::size_t, double> slowdown_;
+  std::vector<std::uint8_t> recompute_;     // per client: 1 recomputes activations
+  std::map<std::size_t, double> slowdown_, recompute_slowdown_;
   std::size_t batch_ = 0, parameters_ = 0, minimum_bytes_ = 0, unfit_ = 0, micro_batched_ = 0;
+  std::size_t recomputing_ = 0;
   bool measured_ = false;
 };
 
-// How much slower a training step of `batch` samples runs in micro-batches of micro_batch than
-// whole, on `device` (a fresh network, learning rate 0 so nothing diverges): the median over 3
-// rounds of the time of 5 micro-batched steps over that of 5 whole ones, after one warm-up of
-// each; at least 1. A measurement of the host: it varies between runs.
+// How much slower a training step of `batch` samples runs in micro-batches of micro_batch
+// (recomputing activations, or not) than whole with activations kept, on `device` (fresh
+// networks, learning rate 0 so nothing diverges): the median over 3 rounds of the time of 5
+// such steps over that of 5 whole ones, after one warm-up of each; at least 1. A measurement
+// of the host: it varies between runs.
 double measure_micro_batch_slowdown(const kernels::NetworkSpec& spec, const kernels::Device& device,
                                     const kernels::OptimizerOptions& optimizer, std::size_t batch,
-                                    std::size_t micro_batch);
+                                    std::size_t micro_batch, bool recompute = false);
 
 // The fleet's plan from the simulation's configuration: the memory of options.clients profiles
 // (sim.profile_trace, else profile.*), model.spec, train.batch_size and train's optimizer,

@@ -82,6 +82,37 @@ TEST_CASE("a budget that holds the whole batch trains whole; the minimum is the 
   CHECK(m.minimum_bytes() == minimum);
 }
 
+TEST_CASE("below one sample's kept peak a client recomputes activations, at its own factor") {
+  Setup s;
+  s.spec = kernels::make_network_spec("cnn:lenet5");
+  s.batch = 8;
+  const std::size_t one = s.peak(1);
+  const std::size_t recomputed =
+      measure_peak_bytes(s.spec, *s.device, s.optimizer, s.batch, 1, true);
+  REQUIRE(recomputed < one);  // LeNet-5 keeps less than all its activations
+  const std::vector<std::size_t> budgets{recomputed, one - 1, recomputed - 1, 0, one};
+  const FleetMemory m = FleetMemory::plan(s.spec, *s.device, s.optimizer, s.batch, budgets, 0.0);
+  CHECK(m.minimum_bytes() == recomputed);
+  CHECK(m.recomputing() == 2);
+  CHECK(m.unfit() == 1);
+  for (std::uint32_t c : {0u, 1u}) {
+    CAPTURE(c);
+    CHECK(m.fits(c));
+    CHECK(m.recompute(c));
+    const auto plan =
+        kernels::plan_memory(s.spec, *s.device, s.optimizer, s.batch, budgets[c], "m");
+    CHECK(plan.recompute);
+    CHECK(m.micro_batch(c) == plan.network_micro_batch());
+    CHECK(m.slowdown(c) == m.recompute_slowdowns().at(plan.micro_batch));
+    CHECK(m.slowdown(c) >= 1.0);
+  }
+  CHECK_FALSE(m.fits(2));
+  CHECK_FALSE(m.recompute(3));
+  CHECK(m.slowdown(3) == 1.0);
+  CHECK_FALSE(m.recompute(4));  // one sample fits with its activations kept
+  CHECK(m.micro_batch(4) == 1);
+}
+
 TEST_CASE("the slowdown of micro-batches is measured once per micro-batch in use, at least 1") {
   const Setup s;
   const std::vector<std::size_t> budgets{s.peak(8), s.peak(8), 0};

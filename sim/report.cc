@@ -60,7 +60,10 @@ void Reporter::write(const RoundRecord& r, double wall) {
     f.push_back(
         {"local_steps_mean", static_cast<double>(r.steps_sum) / static_cast<double>(r.updates)});
   }
-  if (r.memory_budgets) f.push_back({"micro_batched", std::uint64_t{r.micro_batched}});
+  if (r.memory_budgets) {
+    f.push_back({"micro_batched", std::uint64_t{r.micro_batched}});
+    f.push_back({"recomputed", std::uint64_t{r.recomputed}});
+  }
   if (r.evaluated) {
     f.push_back({"test_loss", r.test_loss});
     f.push_back({"test_accuracy", r.test_accuracy});

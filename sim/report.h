@@ -37,9 +37,9 @@ struct RoundRecord {
   // Local steps of the updates the shards took (`updates` of them): the work each was given.
   std::size_t updates = 0, steps_min = 0, steps_max = 0, steps_sum = 0;
   // With memory budgets (memory_budgets = true; JSON only): how many of those updates were
-  // trained in micro-batches.
+  // trained in micro-batches, and how many recomputing activations.
   bool memory_budgets = false;
-  std::size_t micro_batched = 0;
+  std::size_t micro_batched = 0, recomputed = 0;
   double wall_round_s = 0, wall_train_s = 0, wall_train_cpu_s = 0;
   bool evaluated = false;
   double test_loss = 0, test_accuracy = 0;
