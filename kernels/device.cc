@@ -61,6 +61,15 @@ class CudaDevice final : public Device {
 
 bool built_with_cuda() noexcept { return COHORT_KERNELS_CUDA != 0; }
 
+std::size_t cuda_used_bytes(int ordinal) noexcept {
+#if COHORT_KERNELS_CUDA
+  return cuda::used_bytes(ordinal);
+#else
+  (void)ordinal;
+  return 0;
+#endif
+}
+
 int cuda_device_count() noexcept {
 #if COHORT_KERNELS_CUDA
   return cuda::device_count();

@@ -54,7 +54,13 @@ std::optional<MemoryUse> probe(const NetworkSpec& spec, const Device& device,
     net->init(1);
     net->set_optimizer(optimizer);
     net->set_micro_batch(micro_batch < batch ? micro_batch : 0);
-    net->set_recompute(recompute);
+    if (recompute) {
+      try {
+        net->set_recompute(true);
+      } catch (const KernelError&) {
+        return std::nullopt;  // the device cannot (CUDA): no such plan
+      }
+    }
     const std::vector<float> x(batch * spec.input_shape().size(), 0.0f);
     const std::vector<std::int32_t> y(batch, 0);
     net->train_step(x, y, batch);
@@ -131,6 +137,7 @@ std::optional<MemoryModel> fit_model(const NetworkSpec& spec, const Device& devi
     m.activations_fixed = kept->activations_fixed;
     m.activations_per_sample = kept->activations_per_sample;
   }
+  m.recompute_measured = recomputed.has_value();
   if (recomputed) {
     m.recompute_activations_fixed = recomputed->activations_fixed;
     m.recompute_activations_per_sample = recomputed->activations_per_sample;
@@ -268,8 +275,12 @@ std::string describe(const MemoryPlan& plan, std::string_view model_name) {
   } else {
     out << "  activations              (kept: more than the budget, not measured)\n";
   }
-  out << "  activations, recomputed  " << std::setw(12) << m.recompute_activations_fixed << " + "
-      << m.recompute_activations_per_sample << " per sample\n";
+  if (m.recompute_measured) {
+    out << "  activations, recomputed  " << std::setw(12) << m.recompute_activations_fixed << " + "
+        << m.recompute_activations_per_sample << " per sample\n";
+  } else {
+    out << "  activations, recomputed  (not on this device, or more than the budget)\n";
+  }
   out << "  workspace                " << std::setw(12) << m.workspace_fixed << " + "
       << m.workspace_per_sample << " per sample\n";
   if (!m.per_sample_measured) {

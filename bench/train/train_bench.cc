@@ -54,6 +54,7 @@ struct Options {
   bool quick = false;
   std::vector<std::string> models{"mlp", "lenet5", "2conv"};
   std::vector<std::size_t> threads{1, 2};
+  std::string device = "cpu";  // or cuda[:N] (threads then only label the lines)
   std::size_t batch = 64;
   std::size_t repeats = 5;
   double seconds = 1.0;  // target duration of one timed repeat
@@ -155,7 +156,7 @@ Timing time_training(const Options& options, const Dataset& data, cohort::kernel
 
 void bench_one(const Options& options, const Dataset& data, const std::string& data_name,
                const std::string& model, std::size_t threads) {
-  auto device = cohort::kernels::make_device("cpu", {.threads = threads});
+  auto device = cohort::kernels::make_device(options.device, {.threads = threads});
   // The spec outlives the network: a Network may refer to it.
   const auto spec = cohort::kernels::make_network_spec(model_specs().at(model),
                                                        {.input = data.shape(), .classes = 10});
@@ -166,11 +167,13 @@ void bench_one(const Options& options, const Dataset& data, const std::string& d
                    << " repeats=" << t.repeats << " min=" << t.min << " median=" << t.median
                    << " max=" << t.max;
   std::printf(
-      "{\"bench\":\"train\",\"model\":\"%s\",\"threads\":%zu,\"batch\":%zu,\"samples_per_s\":%.1f,"
+      "{\"bench\":\"train\",\"device\":\"%s\",\"model\":\"%s\",\"threads\":%zu,\"batch\":%zu,"
+      "\"samples_per_s\":%.1f,"
       "\"epoch_s\":%.3f,\"min_samples_per_s\":%.1f,\"max_samples_per_s\":%.1f,\"repeats\":%zu,"
       "\"steps\":%zu,\"params\":%zu,\"data\":\"%s\"}\n",
-      model.c_str(), threads, options.batch, t.median, kEpochSamples / t.median, t.min, t.max,
-      t.repeats, t.steps, spec.parameter_count(), data_name.c_str());
+      options.device.c_str(), model.c_str(), threads, options.batch, t.median,
+      kEpochSamples / t.median, t.min, t.max, t.repeats, t.steps, spec.parameter_count(),
+      data_name.c_str());
   std::fflush(stdout);
 }
 
@@ -329,12 +332,12 @@ void print_budget_line(const Options& options, const std::string& model, std::si
       "\"threads\":%zu,\"batch\":%zu,\"unconstrained_samples_per_s\":%.1f,"
       "\"ratio_to_unconstrained\":%.3f,\"planned_peak_bytes\":%zu,\"predicted_bytes\":%zu,"
       "\"within_budget\":%s,\"forced\":%s,\"min_samples_per_s\":%.1f,"
-      "\"max_samples_per_s\":%.1f,\"repeats\":%zu,\"steps\":%zu}\n",
+      "\"max_samples_per_s\":%.1f,\"repeats\":%zu,\"steps\":%zu,\"device\":\"%s\"}\n",
       model.c_str(), p.budget, run.peak_bytes, p.micro_batch, p.accumulation,
       p.recompute ? "true" : "false", t.median, threads, options.batch, unconstrained_rate,
       t.median / unconstrained_rate, p.peak_bytes, p.predicted_bytes,
       run.peak_bytes <= p.budget ? "true" : "false", run.forced ? "true" : "false", t.min, t.max,
-      t.repeats, t.steps);
+      t.repeats, t.steps, options.device.c_str());
   std::fflush(stdout);
 }
 
@@ -355,7 +358,7 @@ void record(const Options& options, const BudgetRun& run, MemorySummary& summary
 
 MemorySummary bench_memory(const Options& options, const Dataset& data, const std::string& model,
                            std::size_t threads) {
-  auto device = cohort::kernels::make_device("cpu", {.threads = threads});
+  auto device = cohort::kernels::make_device(options.device, {.threads = threads});
   const auto spec = cohort::kernels::make_network_spec(model_specs().at(model),
                                                        {.input = data.shape(), .classes = 10});
   MemorySummary summary{.model = model, .threads = threads};
@@ -404,10 +407,11 @@ void print_summary(const Options& options, const MemorySummary& s) {
       "\"refused\":%zu,\"over_budget\":%zu,\"all_within_budget\":%s,"
       "\"unconstrained_samples_per_s\":%.1f,\"accumulation4_samples_per_s\":%s,"
       "\"ratio_at_4way\":%s,\"4way_forced\":%s,\"paired_ratio_at_4way\":%.3f,"
-      "\"paired_best_ratio_at_4way\":%.3f}\n",
+      "\"paired_best_ratio_at_4way\":%.3f,\"device\":\"%s\"}\n",
       s.model.c_str(), s.threads, options.batch, s.unconstrained_peak, s.minimum, s.budgets,
       s.refused, s.over_budget, s.over_budget == 0 ? "true" : "false", s.unconstrained_rate, rate,
-      ratio, s.forced_4way ? "true" : "false", s.paired_ratio, s.paired_best_ratio);
+      ratio, s.forced_4way ? "true" : "false", s.paired_ratio, s.paired_best_ratio,
+      options.device.c_str());
   std::fflush(stdout);
 }
 
@@ -420,6 +424,8 @@ int main(int argc, char** argv) {
   app.add_option("--models", options.models, "models: mlp, lenet5, 2conv, 2conv1024")
       ->delimiter(',');
   app.add_option("--threads", options.threads, "CPU kernel thread counts")->delimiter(',');
+  app.add_option("--device", options.device,
+                 "cpu, or cuda[:N]: the device trained on (--threads then only labels the lines)");
   app.add_option("--batch", options.batch, "minibatch size")->check(CLI::PositiveNumber);
   app.add_option("--repeats", options.repeats, "timed repeats per configuration")
       ->check(CLI::PositiveNumber);

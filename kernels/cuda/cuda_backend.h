@@ -12,6 +12,8 @@ namespace cohort::kernels::cuda {
 
 // cudaGetDeviceCount, or 0 when it fails (no driver, no device). Never throws.
 int device_count() noexcept;
+// Total minus free memory of device `ordinal` (cudaMemGetInfo), or 0 when that fails.
+std::size_t used_bytes(int ordinal) noexcept;
 // "cuda:N <name> (sm_XY, G GiB)". Throws KernelError on a CUDA failure.
 std::string describe(int ordinal);
 // A Network whose parameters, gradients, activations and optimizer state live on device

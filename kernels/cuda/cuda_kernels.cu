@@ -177,9 +177,10 @@ __global__ void maxpool_backward_kernel(const float* dy, const std::int32_t* arg
 }
 
 __global__ void dropout_forward_kernel(const float* x, float* y, float* mask, std::size_t count,
-                                       float p, float keep_scale, std::uint64_t key) {
+                                       float p, float keep_scale, std::uint64_t key,
+                                       std::size_t first) {
   COHORT_GRID_STRIDE(i, count) {
-    const float m = detail::counter_uniform(key, i) < p ? 0.0f : keep_scale;
+    const float m = detail::counter_uniform(key, first + i) < p ? 0.0f : keep_scale;
     mask[i] = m;
     y[i] = x[i] * m;
   }
@@ -319,10 +320,10 @@ void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx, in
 }
 
 void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
-                     std::uint64_t key, cudaStream_t s) {
+                     std::uint64_t key, std::size_t first, cudaStream_t s) {
   const float keep_scale = 1.0f / (1.0f - p);  // computed on the host, as on the CPU path
   dropout_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, mask, count, p, keep_scale,
-                                                                key);
+                                                                key, first);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

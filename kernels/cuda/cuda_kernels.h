@@ -47,9 +47,10 @@ void maxpool_forward(const float* x, float* y, std::int32_t* argmax, int n, cons
 void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx, int n,
                       const PoolShape& g, cudaStream_t s);
 
-// Same masks as the CPU (counter_uniform(key, i) < p drops).
+// Same masks as the CPU (counter_uniform(key, first + i) < p drops; first: the offset of x[0]
+// in the step's stream, for micro-batches).
 void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,
-                     std::uint64_t key, cudaStream_t s);
+                     std::uint64_t key, std::size_t first, cudaStream_t s);
 void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count,
                       cudaStream_t s);
 

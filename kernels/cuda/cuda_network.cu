@@ -83,6 +83,19 @@ class CudaNetwork final : public Network {
     masks_.resize(ops_.size());
     argmax_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
+    // Every device buffer counts into a kind (cuBLAS's own workspace is not counted).
+    params_.set_tracker(&parameter_bytes_);
+    grads_.set_tracker(&gradient_bytes_);
+    grad_sum_.set_tracker(&gradient_bytes_);
+    optimizer_state_.set_tracker(&optimizer_bytes_);
+    for (auto* b : {&input_, &grad_a_, &grad_b_, &losses_}) b->set_tracker(&activation_bytes_);
+    labels_.set_tracker(&activation_bytes_);
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      outputs_[i].set_tracker(&activation_bytes_);
+      masks_[i].set_tracker(&activation_bytes_);
+      argmax_[i].set_tracker(&activation_bytes_);
+    }
+    for (auto* b : {&cols_, &dcols_, &result_}) b->set_tracker(&workspace_bytes_);
     const std::size_t count = parameter_count();
     params_.reset(count);
     grads_.reset(count);
@@ -204,34 +217,107 @@ class CudaNetwork final : public Network {
     return loss_and_gradients(input, labels, batch, /*step=*/false);
   }
 
+  void set_micro_batch(std::size_t m) override { micro_batch_ = m; }
+  std::size_t micro_batch() const override { return micro_batch_; }
+
+  MemoryReport memory() const override {
+    const auto use = [&](auto&& f) {
+      return MemoryUse{.parameters = f(parameter_bytes_),
+                       .gradients = f(gradient_bytes_),
+                       .optimizer = f(optimizer_bytes_),
+                       .activations = f(activation_bytes_),
+                       .workspace = f(workspace_bytes_),
+                       .total = f(total_bytes_)};
+    };
+    return {.tracked = true,
+            .current = use([](const MemoryTracker& t) { return t.current(); }),
+            .peak = use([](const MemoryTracker& t) { return t.peak(); })};
+  }
+
+  void set_memory_limit(std::size_t bytes) override { total_bytes_.set_limit(bytes); }
+
+  void reset_memory_peak() override {
+    for (MemoryTracker* t : {&parameter_bytes_, &gradient_bytes_, &optimizer_bytes_,
+                             &activation_bytes_, &workspace_bytes_, &total_bytes_}) {
+      t->reset_peak();
+    }
+  }
+
   Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
                       std::size_t batch) override {
     detail::check_size("evaluate labels", labels.size(), batch);
-    const std::span<const float> logits = forward(input, batch, /*training=*/false);
-    const float loss = kernels::softmax_cross_entropy(logits, labels, output_size());
-    return {.loss_sum = static_cast<double>(loss) * static_cast<double>(batch),
-            .correct = kernels::count_correct(logits, labels, output_size()),
-            .count = batch};
+    if (batch == 0) throw KernelError("evaluate: empty batch");
+    const std::size_t d = spec().input_shape().size();
+    detail::check_size("evaluate input", input.size(), batch * d);
+    const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
+    Evaluation e{.count = batch};
+    for (std::size_t first = 0; first < batch; first += m) {
+      const std::size_t b = std::min(m, batch - first);
+      const auto y = labels.subspan(first, b);
+      const std::span<const float> logits =
+          forward(input.subspan(first * d, b * d), b, /*training=*/false);
+      const float loss = kernels::softmax_cross_entropy(logits, y, output_size());
+      e.loss_sum += static_cast<double>(loss) * static_cast<double>(b);
+      e.correct += kernels::count_correct(logits, y, output_size());
+    }
+    return e;
   }
 
  private:
   // forward(training) + mean softmax cross-entropy + backward (+ step); returns the mean loss.
+  // With a micro-batch m set, the batch runs as micro-batches of at most m samples: each one's
+  // logit gradients are scaled by b / batch, its parameter gradients summed into grad_sum_ (one
+  // more gradient-sized buffer, unlike the CPU's in-place accumulation), and every micro-batch
+  // draws its dropout masks from the step's stream at its samples' offsets.
   float loss_and_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
                            std::size_t batch, bool step) {
     detail::check_size("train_step labels", labels.size(), batch);
+    if (batch == 0) throw KernelError("train_step: empty batch");
     check_labels(labels);
     DeviceGuard guard(ordinal_);
-    const float* logits = forward_device(input, batch, /*training=*/true);
-    copy_to_device(labels_.data(), labels.data(), batch);
-    softmax_cross_entropy(logits, labels_.data(), losses_.data(), grad_a_.data(), to_int(batch),
-                          to_int(output_size()), stream());
-    backward_device();
-    if (step) step_device();
-    COHORT_CUDA_CHECK(cudaMemcpyAsync(losses_host_.data(), losses_.data(), batch * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream()));
-    stream_->synchronize();
+    const std::size_t d = spec().input_shape().size(), count = parameter_count();
+    detail::check_size("train_step input", input.size(), batch * d);
+    const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
+    if (m < batch) grad_sum_.reserve(count);
+    const std::uint64_t stream_index = dropout_calls_;
     double total = 0.0;
-    for (std::size_t i = 0; i < batch; ++i) total += losses_host_[i];
+    for (std::size_t first = 0; first < batch; first += m) {
+      const std::size_t b = std::min(m, batch - first);
+      dropout_calls_ = stream_index;  // every micro-batch of the step draws from its stream
+      first_sample_ = first;
+      const float* logits = forward_device(input.subspan(first * d, b * d), b, /*training=*/true);
+      copy_to_device(labels_.data(), labels.data() + first, b);
+      softmax_cross_entropy(logits, labels_.data(), losses_.data(), grad_a_.data(), to_int(b),
+                            to_int(output_size()), stream());
+      if (m < batch) {  // d(mean over the batch) = (b / batch) d(mean over the micro-batch)
+        const float scale = static_cast<float>(b) / static_cast<float>(batch);
+        COHORT_CUBLAS_CHECK(
+            cublasSscal(blas_->get(), to_int(b * output_size()), &scale, grad_a_.data(), 1));
+      }
+      backward_device();
+      if (m < batch && count > 0) {
+        if (first == 0) {
+          COHORT_CUDA_CHECK(cudaMemcpyAsync(grad_sum_.data(), grads_.data(), count * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, stream()));
+        } else {
+          const float one = 1.0f;
+          COHORT_CUBLAS_CHECK(cublasSaxpy(blas_->get(), to_int(count), &one, grads_.data(), 1,
+                                          grad_sum_.data(), 1));
+        }
+      }
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(losses_host_.data(), losses_.data(), b * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream()));
+      stream_->synchronize();
+      for (std::size_t i = 0; i < b; ++i) total += losses_host_[i];
+    }
+    first_sample_ = 0;
+    dropout_calls_ = stream_index + 1;
+    if (m < batch && count > 0) {
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(grads_.data(), grad_sum_.data(), count * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, stream()));
+    }
+    if (step) step_device();
+    stream_->synchronize();
     return static_cast<float>(total / static_cast<double>(batch));
   }
 
@@ -345,7 +431,8 @@ class CudaNetwork final : public Network {
         case LayerKind::kDropout:
           if (training && l.drop_probability > 0.0f) {
             dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
-                            detail::dropout_key(seed_, dropout_calls_, op.index), s);
+                            detail::dropout_key(seed_, dropout_calls_, op.index),
+                            first_sample_ * op.out_size, s);
           } else {
             y = const_cast<float*>(x);  // identity
           }
@@ -480,12 +567,21 @@ class CudaNetwork final : public Network {
     params_host_valid_ = false;
   }
 
+  // Trackers first: they outlive every buffer below. Each kind counts into the total.
+  MemoryTracker total_bytes_;
+  MemoryTracker parameter_bytes_{&total_bytes_};
+  MemoryTracker gradient_bytes_{&total_bytes_};
+  MemoryTracker optimizer_bytes_{&total_bytes_};
+  MemoryTracker activation_bytes_{&total_bytes_};
+  MemoryTracker workspace_bytes_{&total_bytes_};
+
   int ordinal_;
   std::unique_ptr<Stream> stream_;      // created after selecting the device
   std::unique_ptr<CublasHandle> blas_;  // bound to stream_
   std::vector<Op> ops_;
 
   DeviceBuffer<float> params_, grads_, optimizer_state_;
+  DeviceBuffer<float> grad_sum_;  // micro-batches: the step's gradient, summed
   // Host mirrors (see the coherence contract in network.h).
   FloatBuffer params_host_, grads_host_;
   bool params_host_valid_ = true, params_host_dirty_ = false;
@@ -504,6 +600,8 @@ class CudaNetwork final : public Network {
   bool trained_forward_ = false;
   std::uint64_t seed_ = 0;
   std::uint64_t dropout_calls_ = 0;
+  std::size_t first_sample_ = 0;  // of the current micro-batch in the step's dropout stream
+  std::size_t micro_batch_ = 0;   // 0: whole batches
 
   std::optional<OptimizerOptions> optimizer_;
   std::uint64_t optimizer_steps_ = 0;
@@ -518,6 +616,22 @@ int device_count() noexcept {
     return 0;
   }
   return count;
+}
+
+std::size_t used_bytes(int ordinal) noexcept {
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(ordinal) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::size_t free = 0, total = 0;
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  cudaSetDevice(previous);
+  if (!ok) {
+    cudaGetLastError();
+    return 0;
+  }
+  return total - free;
 }
 
 std::string describe(int ordinal) {

@@ -14,6 +14,7 @@
 #include "cohort/core/error.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
+#include "cohort/kernels/memory_plan.h"
 #include "skip.h"
 
 namespace cohort::kernels {
@@ -49,8 +50,17 @@ void check_close(std::span<const float> got, std::span<const float> want, double
 
 NetworkSpec conv_net() {
   NetworkSpec spec(Shape{2, 13, 13});
-  spec.conv2d(2, 5, 3, 1, 1).relu().maxpool2d(2).conv2d(5, 7, 3, 2, 1).relu().maxpool2d(2, 1)
-      .flatten().dropout(0.3f).linear(7 * 2 * 2, 9).relu().linear(9, 4);
+  spec.conv2d(2, 5, 3, 1, 1)
+      .relu()
+      .maxpool2d(2)
+      .conv2d(5, 7, 3, 2, 1)
+      .relu()
+      .maxpool2d(2, 1)
+      .flatten()
+      .dropout(0.3f)
+      .linear(7 * 2 * 2, 9)
+      .relu()
+      .linear(9, 4);
   return spec;
 }
 
@@ -74,7 +84,8 @@ TEST_CASE("cuda forward, backward and evaluate match the CPU") {
     const std::size_t batch = 37;  // not a multiple of any tile size
     const auto x = random_vector(batch * spec.input_shape().size(), 1);
     std::vector<std::int32_t> y(batch);
-    for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>(i % spec.output_size());
+    for (std::size_t i = 0; i < batch; ++i)
+      y[i] = static_cast<std::int32_t>(i % spec.output_size());
     const auto la = a->forward(x, batch, true);
     const std::vector<float> logits_a(la.begin(), la.end());
     const auto lb = b->forward(x, batch, true);
@@ -156,6 +167,94 @@ TEST_CASE("cuda network reports misuse as KernelError") {
   CHECK_THROWS_AS(net->forward(std::span<const float>(x).first(19), 1, true), KernelError);
   net->set_optimizer({});
   CHECK_THROWS_AS(net->train_step(x, std::vector<std::int32_t>{5}, 1), KernelError);
+}
+
+TEST_CASE("cuda micro-batches give the whole batch's update and the CPU's, dropout included") {
+  if (!have_cuda()) return;
+  auto cpu = make_device("cpu");
+  auto gpu = make_device("cuda:0");
+  const OptimizerOptions sgd{.learning_rate = 0.05f, .momentum = 0.9f};
+  for (const NetworkSpec& spec : {conv_net(), mlp()}) {
+    const std::size_t batch = 24;
+    const auto x = random_vector(batch * spec.input_shape().size(), 5);
+    std::vector<std::int32_t> y(batch);
+    for (std::size_t i = 0; i < batch; ++i)
+      y[i] = static_cast<std::int32_t>(i % spec.output_size());
+    auto whole = gpu->make_network(spec), reference = cpu->make_network(spec);
+    for (auto* n : {whole.get(), reference.get()}) {
+      n->init(3);
+      n->set_optimizer(sgd);
+      n->train_step(x, y, batch);
+      n->train_step(x, y, batch);
+    }
+    for (const std::size_t m : {8, 5, 1}) {
+      CAPTURE(m);
+      auto split = gpu->make_network(spec);
+      split->init(3);
+      split->set_optimizer(sgd);
+      split->set_micro_batch(m);
+      CHECK(split->micro_batch() == m);
+      split->train_step(x, y, batch);
+      split->train_step(x, y, batch);
+      check_close(split->parameters(), whole->parameters());
+      check_close(split->parameters(), reference->parameters());
+      const Evaluation ew = whole->evaluate(x, y, batch), es = split->evaluate(x, y, batch);
+      CHECK(es.correct == ew.correct);
+      CHECK(es.loss_sum == doctest::Approx(ew.loss_sum).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE(
+    "cuda networks count their device memory; the model and plan hold against cudaMemGetInfo") {
+  if (!have_cuda()) return;
+  auto gpu = make_device("cuda:0");
+  NetworkSpec wide(Shape{784, 1, 1});  // 1.6M parameters: allocations far above the driver's pages
+  wide.linear(784, 2048).relu().linear(2048, 10);
+  const NetworkSpec& spec = wide;
+  const OptimizerOptions adam{.kind = OptimizerKind::kAdam, .learning_rate = 1e-3f};
+  auto net = gpu->make_network(spec);
+  const auto x = random_vector(64 * spec.input_shape().size(), 6);
+  const std::vector<std::int32_t> y(64, 1);
+  const std::size_t used_before = cuda_used_bytes(0);
+  net->init(1);
+  net->set_optimizer(adam);
+  net->train_step(x, y, 64);
+  const std::size_t used_after = cuda_used_bytes(0);
+  REQUIRE(used_before > 0);
+  const MemoryReport r = net->memory();
+  REQUIRE(r.tracked);
+  const std::size_t p = spec.parameter_count() * sizeof(float);
+  CHECK(r.current.parameters == p);
+  CHECK(r.current.gradients == p);
+  CHECK(r.current.optimizer == 2 * p);
+  CHECK(r.peak.activations > 0);
+  CHECK(r.peak.total >= r.current.total);
+  // Allocated between the two readings: the optimizer state, activations and workspace. The
+  // driver rounds allocations up and cuBLAS makes a workspace of its own at its first GEMM, so
+  // the device's growth is at least the optimizer state and at most what was counted plus 96 MiB.
+  const std::size_t counted = r.current.total - r.current.parameters - r.current.gradients;
+  const std::size_t device_growth = used_after - used_before;
+  MESSAGE("counted after construction " << counted << " B (peak total " << r.peak.total
+                                        << " B); the device's used memory grew by " << device_growth
+                                        << " B");
+  CHECK(device_growth >= r.current.optimizer);
+  CHECK(device_growth <= counted + (std::size_t{96} << 20));
+
+  // The plan on CUDA: micro-batches under a budget below the whole batch's peak, measured there.
+  const NetworkSpec small = conv_net();
+  const MemoryModel model = measure_memory_model(small, *gpu, adam);
+  CHECK(model.device.find("cuda") != std::string::npos);
+  CHECK_FALSE(model.recompute_measured);  // CUDA does not recompute
+  const std::size_t whole = measure_peak_bytes(small, *gpu, adam, 64, 64);
+  const MemoryPlan plan = plan_memory(small, *gpu, adam, 64, whole - 1, "conv_net");
+  CHECK(plan.micro_batch < 64);
+  CHECK(plan.peak_bytes < whole);
+  CHECK_FALSE(plan.recompute);
+  CHECK(
+      std::abs(static_cast<double>(plan.predicted_bytes) - static_cast<double>(plan.peak_bytes)) <=
+      0.05 * static_cast<double>(plan.peak_bytes));
+  CHECK_THROWS_AS(net->set_recompute(true), KernelError);
 }
 
 }  // namespace

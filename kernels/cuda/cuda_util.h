@@ -3,6 +3,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include "cohort/core/buffer.h"
 
 #include <cstddef>
 #include <string>
@@ -39,21 +40,30 @@ namespace cohort::kernels::cuda {
 
 namespace cohort::kernels::cuda {
 
-// Owns count elements of T in device memory (uninitialised). Move-only; not thread-safe.
+// Owns count elements of T in device memory (uninitialised). Move-only; not thread-safe. With a
+// tracker (set while empty), its bytes are counted there: an allocation the tracker's limit
+// refuses throws std::bad_alloc before cudaMalloc is called.
 template <typename T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   explicit DeviceBuffer(std::size_t count) { reset(count); }
   DeviceBuffer(DeviceBuffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        tracker_(other.tracker_) {}
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      tracker_ = other.tracker_;
     }
     return *this;
+  }
+  void set_tracker(MemoryTracker* tracker) {
+    release();
+    tracker_ = tracker;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -63,8 +73,15 @@ class DeviceBuffer {
   void reset(std::size_t count) {
     release();
     if (count == 0) return;
+    const std::size_t bytes = count * sizeof(T);
+    if (tracker_ != nullptr) tracker_->allocated(bytes);  // may throw std::bad_alloc
     void* p = nullptr;
-    COHORT_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+    try {
+      COHORT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    } catch (...) {
+      if (tracker_ != nullptr) tracker_->released(bytes);
+      throw;
+    }
     data_ = static_cast<T*>(p);
     size_ = count;
   }
@@ -79,12 +96,16 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) cudaFree(data_);  // errors here cannot be reported; the context is gone
+    if (data_ != nullptr) {
+      cudaFree(data_);  // errors here cannot be reported; the context is gone
+      if (tracker_ != nullptr) tracker_->released(size_ * sizeof(T));
+    }
     data_ = nullptr;
     size_ = 0;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  MemoryTracker* tracker_ = nullptr;
 };
 
 // A non-blocking stream. Move-only.

@@ -55,5 +55,8 @@ bool built_with_cuda() noexcept;
 // Number of usable CUDA devices; 0 when built without CUDA or when the driver reports none or
 // fails. Never throws.
 int cuda_device_count() noexcept;
+// Device `ordinal`'s memory in use by anyone (total minus free, cudaMemGetInfo), in bytes; 0
+// without CUDA or a device. Never throws. For checking the tracked counts against the driver's.
+std::size_t cuda_used_bytes(int ordinal) noexcept;
 
 }  // namespace cohort::kernels

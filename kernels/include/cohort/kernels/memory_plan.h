@@ -42,7 +42,9 @@ struct MemoryModel {
   bool per_sample_measured = true;
   double activations_fixed = 0, activations_per_sample = 0;
   // Activations with recomputation (Network::set_recompute): kept segment boundaries plus the
-  // largest segment's scratch.
+  // largest segment's scratch; recompute_measured is false where the device cannot recompute
+  // (CUDA) or not even one such sample fits the budget.
+  bool recompute_measured = true;
   double recompute_activations_fixed = 0, recompute_activations_per_sample = 0;
   double workspace_fixed = 0, workspace_per_sample = 0;
 
@@ -53,7 +55,7 @@ struct MemoryModel {
 };
 
 // Measures the model of spec on device (see above). Throws KernelError when the device does not
-// track its memory (CUDA today), naming it.
+// track its memory, naming it.
 MemoryModel measure_memory_model(const NetworkSpec& spec, const Device& device,
                                  const OptimizerOptions& optimizer);
 

@@ -230,7 +230,8 @@ class Network {
   virtual float compute_gradients(std::span<const float> input,
                                   std::span<const std::int32_t> labels, std::size_t batch) = 0;
   // 0 (the default): whole batches. m > 0: compute_gradients, train_step and evaluate run at most
-  // m samples at a time. KernelError on devices that cannot (CUDA today).
+  // m samples at a time (on CUDA with one more gradient-sized buffer: the sum of the
+  // micro-batches' gradients). KernelError on devices that cannot.
   virtual void set_micro_batch(std::size_t m);
   [[nodiscard]] virtual std::size_t micro_batch() const { return 0; }
   // Activation checkpointing (ALGORITHMS.md 3.5.3). On: a training forward keeps only the
@@ -239,7 +240,7 @@ class Network {
   // chosen once per network to minimise the kept activations plus the largest segment; the
   // gradients are the same as without (dropout masks are redrawn from the same stream), at the
   // cost of one more forward of all but the last segment. KernelError where the device cannot
-  // (CUDA today).
+  // (CUDA today: its buffers are counted and micro-batched, not segmented).
   virtual void set_recompute(bool on);
   [[nodiscard]] virtual bool recompute() const { return false; }
 
