@@ -215,8 +215,7 @@ void Network::set_micro_batch(std::size_t m) {
 
 void Network::set_recompute(bool on) {
   if (on) {
-    throw KernelError("the " + device_name() +
-                      " device does not recompute activations");
+    throw KernelError("the " + device_name() + " device does not recompute activations");
   }
 }
 
