@@ -95,7 +95,7 @@ ParticipantOptions participant_options_from(const Config& config) {
     }
   }
   o.partition = parse_partition_spec(config.get_string("data.partition"));
-  o.data_dir = config.get_string("data.dir");
+  o.data = data_options_from(config);
   o.device = config.get_string("client.device");
   o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
   o.memory_budget = static_cast<std::size_t>(
@@ -148,7 +148,7 @@ PeerOptions peer_options_from(const Config& config) {
       int_in_range(config, "data.seed", 0, std::numeric_limits<std::int64_t>::max()));
   o.partition = config.get_string("data.partition");
   (void)parse_partition_spec(o.partition);
-  o.data_dir = config.get_string("data.dir");
+  o.data = data_options_from(config);
   o.device = config.get_string("client.device");
   o.threads = static_cast<std::size_t>(int_in_range(config, "client.threads", 0, 1024));
   return o;

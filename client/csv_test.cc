@@ -52,11 +52,11 @@ TEST_CASE("CSV errors name the file and line") {
   CHECK(data_error([] { (void)parse_csv_dataset("1,2,3\n0,1\n", "r.csv"); }) ==
         "r.csv:2: expected 3 columns, got 2");
   CHECK(data_error([] { (void)parse_csv_dataset("1,2,3\n0,x,1\n", "r.csv"); }) ==
-        "r.csv:2: column 1: not a finite number: 'x'");
+        "r.csv:2:2: not a finite number: 'x'");
   CHECK(data_error([] { (void)parse_csv_dataset("1,2\n-1,2\n", "r.csv"); }) ==
-        "r.csv:2: column 0: expected a non-negative integer label, got '-1'");
+        "r.csv:2:1: expected a non-negative integer label, got '-1'");
   CHECK(data_error([] { (void)parse_csv_dataset("1.5,2\n", "r.csv"); }) ==
-        "r.csv:1: column 0: expected a non-negative integer label, got '1.5'");
+        "r.csv:1:1: expected a non-negative integer label, got '1.5'");
   CHECK(data_error([] {
           (void)parse_csv_dataset("a,b\n", "r.csv", {.skip_rows = 1});
         }).starts_with("r.csv: no data rows"));

@@ -159,7 +159,7 @@ class Participant {
   }
 
   void load_data() {
-    auto data = load_fashion_mnist(options_.data_dir);
+    auto data = client::load_data(options_.data);
     train_ = std::move(data.train);
     test_ = std::move(data.test);
     auto partition = make_partition(options_.partition, train_.labels(), options_.part_count,
@@ -168,7 +168,7 @@ class Participant {
     partition_text_ = options_.partition.to_string() + " " + std::to_string(options_.part_index) +
                       "/" + std::to_string(options_.part_count);
     COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples ("
-                     << partition_text_ << ")";
+                     << partition_text_ << ") of " << options_.data.describe();
   }
 
   // Registers until welcomed; sets up the model and the shard connections.
@@ -228,6 +228,14 @@ class Participant {
         throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
                             " parameters, " + w.model_spec + " has " +
                             std::to_string(spec.parameter_count()));
+      }
+      // A model that cannot take this client's examples stops it at once, saying both.
+      check_model_input(spec, w.model_spec, train_, options_.data.describe());
+      if (train_.num_classes() > spec.output_size()) {
+        throw ConfigError("the model " + w.model_spec + " has " +
+                          std::to_string(spec.output_size()) + " outputs, but " +
+                          options_.data.describe() + " has labels up to " +
+                          std::to_string(train_.num_classes() - 1));
       }
       // Training options come from the server, so every client trains alike.
       ConfigSchema schema;
@@ -587,6 +595,7 @@ ConfigSchema participant_config_schema() {
           "chunk, stochastic, scaled, rank, cols, error_feedback); an unknown name or "
           "option is an error");
   transport::add_transport_config(s, /*listener=*/false);  // tls.*, transport.* but receive_queue
+  add_data_source_keys(s);
   return s;
 }
 

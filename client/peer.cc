@@ -47,7 +47,7 @@ class Peer {
                      << options_.server;
 
     // Loading the data takes seconds: before joining, so that heartbeats start at once after.
-    data_ = load_fashion_mnist(options_.data_dir, /*standardize=*/true);
+    data_ = load_data(options_.data, {FeatureScaling::Kind::kStandardize, 1.0});
     const transport::Welcome w = join(advertise);
     try {
       setup(w);

@@ -180,7 +180,7 @@ std::optional<std::uint32_t> Fleet::client_of(const std::string& name) const {
 
 void Fleet::load() {
   if (n_ == 0) throw ConfigError("sim.clients must be at least 1");
-  auto data = load_fashion_mnist(sim_.data.dir);
+  auto data = client::load_data(sim_.data.source);
   train_ = std::move(data.train);
   test_ = std::move(data.test);
   partition_ = make_partition(sim_.data.partition, train_.labels(), n_, sim_.data.seed);
@@ -254,6 +254,7 @@ void Fleet::on_welcome(std::uint32_t c, const transport::Welcome& w) {
 void Fleet::setup_model(const transport::Welcome& w) {
   spec_ = kernels::make_network_spec(w.model_spec);
   model_size_ = spec_.parameter_count();
+  client::check_model_input(spec_, w.model_spec, train_, sim_.data.source.describe());
   // Clients in flight (pulled or pulling, training, waiting to push in order): enough to hide
   // the hops between fleet, shards and training threads when local work is small, within a
   // 64 MiB budget of model copies, and at least two per training thread.

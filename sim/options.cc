@@ -115,6 +115,14 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.wall_deadline_ms = config.get_int("sim.wall_deadline_ms");
   o.log_dir = config.get_string("sim.log_dir");
   o.data.dir = config.get_string("data.dir");
+  o.data.source = client::data_options_from(config);
+  for (const char* key :
+       {"data.format", "data.train", "data.test", "data.train_labels", "data.test_labels",
+        "data.label", "data.header", "data.delimiter", "data.shape", "data.scale"}) {
+    if (config.is_set(key)) {
+      o.data.source_settings.push_back(std::string(key) + "=" + config.get_string(key));
+    }
+  }
   o.data.partition_text = config.get_string("data.partition");
   o.data.partition = parse_partition_spec(o.data.partition_text);
   o.data.seed = static_cast<std::uint64_t>(config.get_int("data.seed"));
@@ -201,6 +209,7 @@ ConfigSchema sim_config_schema() {
            "training memory budget, bytes (same forms; 0: unlimited): the client trains in "
            "micro-batches when its batch does not fit, and is never selected (not registered, "
            "counted as clients_unfit) when not even one sample fits");
+  client::add_data_source_keys(s);
   return s;
 }
 

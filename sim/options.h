@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "cohort/client/data_source.h"
 #include "cohort/client/partition.h"
 #include "cohort/core/config.h"
 #include "sim_clock.h"
@@ -45,10 +46,12 @@ struct ServerKeys {
 
 // data.*: the clients' data and how it is split among them.
 struct DataOptions {
-  std::string dir;                  // data.dir: the Fashion-MNIST IDX files
-  std::string partition_text;       // data.partition as written (--processes forwards it)
-  client::PartitionSpec partition;  // data.partition, parsed
-  std::uint64_t seed = 1;           // data.seed: partition, local shuffles, initial model
+  std::string dir;                           // data.dir: the Fashion-MNIST IDX files
+  client::DataOptions source;                // data.format, data.train, ... (client/data_source.h)
+  std::vector<std::string> source_settings;  // those set, as KEY=VALUE (--processes forwards)
+  std::string partition_text;                // data.partition as written (--processes forwards it)
+  client::PartitionSpec partition;           // data.partition, parsed
+  std::uint64_t seed = 1;                    // data.seed: partition, local shuffles, initial model
 };
 
 // The devices: a measured trace, or per-client draws from the profile.* distributions.

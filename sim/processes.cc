@@ -142,12 +142,18 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
     for (std::int64_t i = 0; i < n; ++i) {
       char name[32];
       std::snprintf(name, sizeof name, "c%0*lld", width, static_cast<long long>(i));
-      clients.push_back(
-          spawn({client_bin, "--insecure", "--server", coordinator, "--name", name, "--data",
-                 options.data.partition_text, "--part", std::to_string(i) + "/" + std::to_string(n),
-                 "--set", "data.dir=" + options.data.dir, "--set",
-                 "data.seed=" + std::to_string(options.data.seed)},
-                dir / (std::string(name) + ".log")));
+      std::vector<std::string> args{client_bin, "--insecure",
+                                    "--server", coordinator,
+                                    "--name",   name,
+                                    "--data",   options.data.partition_text,
+                                    "--part",   std::to_string(i) + "/" + std::to_string(n),
+                                    "--set",    "data.dir=" + options.data.dir,
+                                    "--set",    "data.seed=" + std::to_string(options.data.seed)};
+      for (const auto& setting : options.data.source_settings) {  // the same data, every client
+        args.push_back("--set");
+        args.push_back(setting);
+      }
+      clients.push_back(spawn(args, dir / (std::string(name) + ".log")));
     }
     std::fprintf(stderr,
                  "cohort-sim --processes: %lld shards and %lld clients on loopback; logs in %s\n",

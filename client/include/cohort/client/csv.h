@@ -1,23 +1,30 @@
 // CSV datasets: one example per line, one integer class-label column and numeric feature columns.
 //
-// Every failure is a one-line DataError naming the file and line, e.g.
-//   "iris.csv:17: expected 5 columns, got 4" or "iris.csv:3: column 2: not a number: 'abc'".
-// Stateless and thread-safe.
+// Every failure is a one-line DataError naming the file, line and column (both from 1, as editors
+// count), e.g. "iris.csv:17: expected 5 columns, got 4" or "iris.csv:3:2: not a finite number:
+// 'abc'". A file is mapped, not read into memory, and its features are written once into a buffer
+// sized from its line count: a 1 GB file does not cost 2 GB. Stateless and thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <filesystem>
+#include <string>
 #include <string_view>
 
 #include "cohort/client/dataset.h"
 
 namespace cohort::client {
 
+enum class CsvHeader { kNo, kYes, kAuto };  // auto: a first row with a non-number is a header
+
 struct CsvOptions {
-  // Index of the label column; negative counts from the end (-1 is the last column).
+  // Index of the label column from 0; negative counts from the end (-1 is the last column).
   int label_column = 0;
-  // Lines skipped at the top of the file (a header row is 1).
+  // The label column's name in the header row (overrides label_column; needs a header).
+  std::string label_name;
+  // Lines skipped at the top of the file, before any header.
   std::size_t skip_rows = 0;
+  CsvHeader header = CsvHeader::kAuto;
   char delimiter = ',';
   // Every feature is multiplied by this (1/255 for pixel values stored as 0..255).
   float scale = 1.0f;

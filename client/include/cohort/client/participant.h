@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/client/data_source.h"
 #include "cohort/client/partition.h"
 #include "cohort/core/config.h"
 #include "cohort/transport/endpoint.h"
@@ -46,7 +47,7 @@ struct ParticipantOptions {
   std::chrono::milliseconds connect_timeout{120000};
   std::chrono::milliseconds backoff_max{5000};
   std::chrono::milliseconds step_delay{0};  // data-parallel straggler emulation
-  std::string data_dir;
+  DataOptions data;  // data.format, data.dir, data.train, ... (data_source.h)
   PartitionSpec partition;
   std::size_t part_index = 0;  // data.part = part_index/part_count
   std::size_t part_count = 1;

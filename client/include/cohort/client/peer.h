@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cohort/client/data_source.h"
 #include "cohort/core/config.h"
 #include "cohort/transport/endpoint.h"
 
@@ -43,7 +44,7 @@ struct PeerOptions {
   std::chrono::milliseconds step_delay{0};
   std::uint64_t data_seed = 1;
   std::string partition = "iid";  // data.partition, checked; the coordinator's setting wins
-  std::string data_dir;
+  DataOptions data;            // data.* (data_source.h); data.scale = auto standardizes IDX pixels
   std::string device = "cpu";  // client.device; made (and so checked) by the peer
   std::size_t threads = 1;     // client.threads
 };

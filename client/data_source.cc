@@ -1,0 +1,266 @@
+#include "cohort/client/data_source.h"
+
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <string>
+
+#include "cohort/client/npy.h"
+#include "cohort/core/error.h"
+
+namespace cohort::client {
+namespace {
+
+std::string shape_text(const Shape& s) {
+  return std::to_string(s.channels) + "x" + std::to_string(s.height) + "x" +
+         std::to_string(s.width);
+}
+
+Shape parse_shape(std::string_view text) {
+  if (text.empty()) return {0, 0, 0};
+  std::size_t v[3] = {0, 0, 0};
+  std::size_t i = 0;
+  const char* p = text.data();
+  const char* end = text.data() + text.size();
+  for (; i < 3 && p < end; ++i) {
+    const auto [q, ec] = std::from_chars(p, end, v[i]);
+    if (ec != std::errc() || v[i] == 0) break;
+    p = q;
+    if (p < end && (*p == 'x' || *p == 'X'))
+      ++p;
+    else
+      break;
+  }
+  if (i != 2 || p != end) {
+    throw ConfigError("data.shape must be CxHxW with positive sizes (e.g. 1x28x28), got '" +
+                      std::string(text) + "'");
+  }
+  return {v[0], v[1], v[2]};
+}
+
+void scale_features(Dataset& data, double factor) {
+  const auto f = static_cast<float>(factor);
+  for (float& x : data.mutable_features()) x *= f;
+}
+
+Dataset load_file(const DataOptions& o, const std::string& path, const std::string& labels) {
+  if (o.format == DataFormat::kCsv) {
+    return load_csv_dataset(path, {.label_column = o.label_column,
+                                   .label_name = o.label_name,
+                                   .header = o.header,
+                                   .delimiter = o.delimiter,
+                                   .shape = o.shape});
+  }
+  return load_npy_dataset(path, labels, {.label_column = o.label_column, .shape = o.shape});
+}
+
+}  // namespace
+
+FeatureScaling FeatureScaling::parse(std::string_view text) {
+  if (text == "auto") return {};
+  if (text == "none") return {Kind::kNone, 1.0};
+  if (text == "standardize") return {Kind::kStandardize, 1.0};
+  if (text.starts_with("divide:")) {
+    const std::string number(text.substr(7));
+    char* end = nullptr;
+    const double c = std::strtod(number.c_str(), &end);
+    if (!number.empty() && end == number.c_str() + number.size() && std::isfinite(c) && c > 0) {
+      return {Kind::kDivide, c};
+    }
+  }
+  throw ConfigError("data.scale must be auto, none, divide:C (C > 0) or standardize, got '" +
+                    std::string(text) + "'");
+}
+
+std::string FeatureScaling::to_string() const {
+  switch (kind) {
+    case Kind::kAuto: return "auto";
+    case Kind::kNone: return "none";
+    case Kind::kStandardize: return "standardize";
+    case Kind::kDivide: {
+      std::string s = std::to_string(divisor);
+      s.erase(s.find_last_not_of('0') + 1);
+      if (s.back() == '.') s.pop_back();
+      return "divide:" + s;
+    }
+  }
+  return "auto";
+}
+
+std::string DataOptions::describe() const {
+  if (format == DataFormat::kIdx) return "Fashion-MNIST (IDX, " + dir + ")";
+  std::string s = (format == DataFormat::kCsv ? "csv " : "npy ") + train;
+  if (!test.empty()) s += " (test " + test + ")";
+  return s;
+}
+
+void add_data_source_keys(ConfigSchema& schema) {
+  schema
+      .add("data.format", std::string("auto"),
+           "auto | idx | csv | npy (auto: by data.train's extension; idx, Fashion-MNIST's files "
+           "in data.dir, without data.train)")
+      .add("data.train", std::string(""), "your training file (.csv or .npy) instead of data.dir")
+      .add("data.test", std::string(""), "your test file (needed with data.train)")
+      .add("data.train_labels", std::string(""), "npy: the labels (N,) of data.train's (N, ...)")
+      .add("data.test_labels", std::string(""), "npy: the labels of data.test")
+      .add("data.label", std::string("-1"),
+           "csv/npy: the label column from 0 (negative: from the end) or, csv, its header name")
+      .add("data.header", std::string("auto"),
+           "csv: yes | no | auto (auto: a first row without numbers is a header)")
+      .add("data.delimiter", std::string(","), "csv: the field separator (one character)")
+      .add("data.shape", std::string(""),
+           "features per example as CxHxW, e.g. 1x28x28 for a CNN (default: flat, or the .npy "
+           "array's own)")
+      .add("data.scale", std::string("auto"),
+           "auto | none | divide:C | standardize (auto: IDX pixels / 255, CSV/NPY as stored; "
+           "standardize: the training file's mean and deviation)");
+}
+
+DataOptions data_options_from(const Config& config) {
+  DataOptions o;
+  o.dir = config.get_string("data.dir");
+  o.train = config.get_string("data.train");
+  o.test = config.get_string("data.test");
+  o.train_labels = config.get_string("data.train_labels");
+  o.test_labels = config.get_string("data.test_labels");
+  const std::string format = config.get_string("data.format");
+  if (format == "auto") {
+    const std::string ext = std::filesystem::path(o.train).extension().string();
+    if (o.train.empty()) {
+      o.format = DataFormat::kIdx;
+    } else if (ext == ".csv" || ext == ".txt" || ext == ".tsv") {
+      o.format = DataFormat::kCsv;
+    } else if (ext == ".npy") {
+      o.format = DataFormat::kNpy;
+    } else {
+      throw ConfigError("data.format = auto cannot tell the format of '" + o.train +
+                        "' from its extension: set data.format = csv or npy");
+    }
+  } else if (format == "idx") {
+    o.format = DataFormat::kIdx;
+  } else if (format == "csv") {
+    o.format = DataFormat::kCsv;
+  } else if (format == "npy") {
+    o.format = DataFormat::kNpy;
+  } else {
+    throw ConfigError("data.format must be auto, idx, csv or npy, got '" + format + "'");
+  }
+  if (o.format == DataFormat::kIdx && !o.train.empty()) {
+    throw ConfigError(
+        "data.format = idx reads Fashion-MNIST's files from data.dir; data.train is "
+        "for csv or npy files");
+  }
+  if (o.format != DataFormat::kIdx && o.train.empty()) {
+    throw ConfigError("data.format = " + format + " needs data.train (the training file)");
+  }
+  if (o.format != DataFormat::kIdx && o.test.empty()) {
+    throw ConfigError(
+        "data.test: with data.train, give a test file too (it may be a held-out "
+        "part of your data): the model is evaluated on it");
+  }
+  if (o.format != DataFormat::kNpy && (!o.train_labels.empty() || !o.test_labels.empty())) {
+    throw ConfigError("data.train_labels and data.test_labels are for data.format = npy");
+  }
+  if (!o.test_labels.empty() && o.test.empty()) {
+    throw ConfigError("data.test_labels is set but data.test is not");
+  }
+  if (o.train_labels.empty() != o.test_labels.empty() && !o.test.empty()) {
+    throw ConfigError("give labels files for both data.train and data.test, or for neither");
+  }
+  if (o.format == DataFormat::kIdx) {
+    for (const char* key : {"data.label", "data.header", "data.delimiter", "data.shape"}) {
+      if (config.is_set(key)) {
+        throw ConfigError(std::string(key) +
+                          " applies to csv and npy files, not to IDX (data.dir)");
+      }
+    }
+  }
+  const std::string label = config.get_string("data.label");
+  int column = 0;
+  const auto [p, ec] = std::from_chars(label.data(), label.data() + label.size(), column);
+  if (ec == std::errc() && p == label.data() + label.size()) {
+    o.label_column = column;
+  } else if (o.format == DataFormat::kCsv && !label.empty()) {
+    o.label_name = label;
+  } else {
+    throw ConfigError("data.label must be a column index (negative: from the end)" +
+                      std::string(o.format == DataFormat::kCsv ? " or a header name" : "") +
+                      ", got '" + label + "'");
+  }
+  const std::string header = config.get_string("data.header");
+  if (header == "auto")
+    o.header = CsvHeader::kAuto;
+  else if (header == "yes")
+    o.header = CsvHeader::kYes;
+  else if (header == "no")
+    o.header = CsvHeader::kNo;
+  else
+    throw ConfigError("data.header must be auto, yes or no, got '" + header + "'");
+  const std::string delimiter = config.get_string("data.delimiter");
+  if (delimiter == "\\t" || delimiter == "tab") {
+    o.delimiter = '\t';
+  } else if (delimiter.size() == 1 && delimiter != "\n" && delimiter != "\"") {
+    o.delimiter = delimiter[0];
+  } else {
+    throw ConfigError("data.delimiter must be one character (or \\t), got '" + delimiter + "'");
+  }
+  o.shape = parse_shape(config.get_string("data.shape"));
+  o.scale = FeatureScaling::parse(config.get_string("data.scale"));
+  return o;
+}
+
+TrainTest load_data(const DataOptions& o, FeatureScaling idx_auto) {
+  TrainTest out;
+  FeatureScaling scale = o.scale;
+  if (o.format == DataFormat::kIdx) {
+    out = load_fashion_mnist(o.dir);  // pixels / 255
+    if (scale.kind == FeatureScaling::Kind::kAuto) scale = idx_auto;
+    // Scaling is of the stored values (0..255); the loader divided them by 255 already.
+    if (scale.kind == FeatureScaling::Kind::kNone) {
+      scale = {FeatureScaling::Kind::kDivide, 1.0};
+    }
+    if (scale.kind == FeatureScaling::Kind::kDivide) {
+      scale.divisor /= 255.0;
+    }
+  } else {
+    out.train = load_file(o, o.train, o.train_labels);
+    if (!o.test.empty()) {
+      out.test = load_file(o, o.test, o.test_labels);
+      if (out.test.feature_dim() != out.train.feature_dim() ||
+          !(out.test.shape() == out.train.shape())) {
+        throw DataError(o.test + ": examples of shape " + shape_text(out.test.shape()) + ", but " +
+                        o.train + " has " + shape_text(out.train.shape()));
+      }
+    }
+    if (scale.kind == FeatureScaling::Kind::kAuto) scale = {FeatureScaling::Kind::kNone, 1.0};
+  }
+  if (scale.kind == FeatureScaling::Kind::kDivide && scale.divisor != 1.0) {
+    scale_features(out.train, 1.0 / scale.divisor);
+    if (!out.test.empty()) scale_features(out.test, 1.0 / scale.divisor);
+  } else if (scale.kind == FeatureScaling::Kind::kStandardize) {
+    const FeatureStats stats = feature_stats(out.train);
+    if (!(stats.stddev > 0)) {
+      throw DataError(
+          (o.format == DataFormat::kIdx ? o.dir : o.train) +
+          ": every feature value is the same: data.scale = standardize cannot scale it");
+    }
+    standardize(out.train, stats);
+    if (!out.test.empty()) standardize(out.test, stats);
+  }
+  return out;
+}
+
+void check_model_input(const kernels::NetworkSpec& spec, std::string_view model_name,
+                       const Dataset& data, std::string_view data_name) {
+  const kernels::Shape& in = spec.input_shape();
+  const std::size_t want = in.size(), have = data.feature_dim();
+  if (want == have) return;
+  throw ConfigError("the model " + std::string(model_name) + " takes " + std::to_string(want) +
+                    " inputs per example (" + std::to_string(in.channels) + "x" +
+                    std::to_string(in.height) + "x" + std::to_string(in.width) + "), but " +
+                    std::string(data_name) + " has " + std::to_string(have) +
+                    " features per example (" + shape_text(data.shape()) + ")");
+}
+
+}  // namespace cohort::client

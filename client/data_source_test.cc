@@ -1,0 +1,196 @@
+// data.*: CSV and NumPy files, their bad inputs (one line naming file, line and column), scaling,
+// the keys, and the model/data check.
+#include "cohort/client/data_source.h"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cohort/client/npy.h"
+#include "cohort/core/error.h"
+#include "cohort/kernels/model_zoo.h"
+#include "test_util.h"
+
+namespace cohort::client {
+namespace {
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// Writes a version-1 .npy file of `values` (raw bytes of dtype descr) with the given shape.
+void write_npy(const std::filesystem::path& path, const std::string& descr,
+               const std::string& shape, const void* data, std::size_t bytes,
+               bool fortran = false) {
+  std::string header = "{'descr': '" + descr +
+                       "', 'fortran_order': " + (fortran ? "True" : "False") +
+                       ", 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const auto len = static_cast<std::uint16_t>(header.size());
+  out.put(static_cast<char>(len & 0xff));
+  out.put(static_cast<char>(len >> 8));
+  out << header;
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+Config config_with(const std::vector<std::string>& settings) {
+  ConfigSchema schema;
+  schema.add("data.dir", std::string("/nonexistent"), "");
+  add_data_source_keys(schema);
+  Config c(schema);
+  for (const auto& s : settings) {
+    const auto eq = s.find('=');
+    c.set(std::string_view(s).substr(0, eq), std::string_view(s).substr(eq + 1));
+  }
+  return c;
+}
+
+TEST_CASE("CSV: a header named label column, auto header, 1-based line and column in errors") {
+  testing::TempDir dir;
+  testing::write_text(dir.file("t.csv").string(), "a,b,species\n0.5,1,2\n1.5,2,0\n");
+  const Dataset d = load_csv_dataset(dir.file("t.csv").string(),
+                                     {.label_name = "species", .header = CsvHeader::kAuto});
+  REQUIRE(d.size() == 2);
+  CHECK(d.labels()[0] == 2);
+  CHECK(d.row(1)[0] == doctest::Approx(1.5));
+  CHECK(error_of([&] {
+          (void)load_csv_dataset(dir.file("t.csv").string(), {.label_name = "kind"});
+        }).ends_with("t.csv:1: no column named 'kind' (the header names: a, b, species)"));
+  // The bad inputs: each one line with file, line and column.
+  const std::string f = dir.file("bad.csv").string();
+  const auto bad = [&](const std::string& text) {
+    testing::write_text(f, text);
+    return error_of([&] { (void)load_csv_dataset(f, {.label_column = -1}); });
+  };
+  CHECK(bad("1,2,0\n3,1\n") == f + ":2: expected 3 columns, got 2");         // a short row
+  CHECK(bad("1,2,0\n3,x,1\n") == f + ":2:2: not a finite number: 'x'");      // non-numeric
+  CHECK(bad("1,2,0\nnan,1,1\n") == f + ":2:1: not a finite number: 'nan'");  // NaN
+  CHECK(bad("1,2,0\n1,inf,1\n") == f + ":2:2: not a finite number: 'inf'");  // Inf
+  CHECK(bad("1,2,0\n1,2,-3\n") == f + ":2:3: expected a non-negative integer label, got '-3'");
+  CHECK(bad("").starts_with(f + ": no data rows"));  // empty
+  CHECK(bad("\n\n").starts_with(f + ": no data rows"));
+}
+
+TEST_CASE("NumPy: one array with a label column, or features and labels apart, any dtype") {
+  testing::TempDir dir;
+  const float rows[] = {0.5f, 1.0f, 2.0f, 1.5f, 2.5f, 0.0f};  // (2, 3), label last
+  write_npy(dir.file("a.npy").string(), "<f4", "(2, 3)", rows, sizeof rows);
+  const Dataset a = load_npy_dataset(dir.file("a.npy").string());
+  REQUIRE(a.size() == 2);
+  CHECK(a.feature_dim() == 2);
+  CHECK(a.labels()[0] == 2);
+  CHECK(a.row(1)[1] == doctest::Approx(2.5));
+  const std::uint8_t pixels[] = {0, 255, 10, 20, 30, 40, 50, 60};  // (2, 2, 2) images
+  const std::int64_t labels[] = {3, 1};
+  write_npy(dir.file("x.npy").string(), "|u1", "(2, 2, 2)", pixels, sizeof pixels);
+  write_npy(dir.file("y.npy").string(), "<i8", "(2,)", labels, sizeof labels);
+  const Dataset b = load_npy_dataset(dir.file("x.npy").string(), dir.file("y.npy").string());
+  CHECK(b.shape() == Shape{1, 2, 2});
+  CHECK(b.row(0)[1] == 255.0f);
+  CHECK(b.labels()[0] == 3);
+
+  const double nan_row[] = {1.0, std::numeric_limits<double>::quiet_NaN(), 0.0};
+  write_npy(dir.file("nan.npy").string(), "<f8", "(1, 3)", nan_row, sizeof nan_row);
+  CHECK(error_of([&] { (void)load_npy_dataset(dir.file("nan.npy").string()); }) ==
+        dir.file("nan.npy").string() + ":1:2: not a finite number: nan");
+  const float bad_label[] = {1.0f, 2.0f, 0.5f};
+  write_npy(dir.file("label.npy").string(), "<f4", "(1, 3)", bad_label, sizeof bad_label);
+  CHECK(error_of([&] { (void)load_npy_dataset(dir.file("label.npy").string()); })
+            .starts_with(dir.file("label.npy").string() +
+                         ":1:3: expected a non-negative integer label"));
+  write_npy(dir.file("short.npy").string(), "<f4", "(4, 3)", rows, sizeof rows);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("short.npy").string());
+        }).starts_with(dir.file("short.npy").string() + ": truncated"));
+  write_npy(dir.file("big.npy").string(), ">f4", "(2, 3)", rows, sizeof rows);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("big.npy").string());
+        }).find("not supported") != std::string::npos);
+  write_npy(dir.file("f.npy").string(), "<f4", "(2, 3)", rows, sizeof rows, /*fortran=*/true);
+  CHECK(error_of([&] { (void)load_npy_dataset(dir.file("f.npy").string()); }).find("Fortran") !=
+        std::string::npos);
+  write_npy(dir.file("empty.npy").string(), "<f4", "(0, 3)", rows, 0);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("empty.npy").string());
+        }).starts_with(dir.file("empty.npy").string() + ": no rows"));
+  testing::write_text(dir.file("text.npy").string(), "1,2,3\n");
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("text.npy").string());
+        }).starts_with(dir.file("text.npy").string() + ": not a NumPy .npy file"));
+  write_npy(dir.file("y3.npy").string(), "<i8", "(1,)", labels, sizeof labels[0]);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("x.npy").string(), dir.file("y3.npy").string());
+        }).starts_with(dir.file("y3.npy").string() + ": expected 2 labels"));
+}
+
+TEST_CASE("data.* keys: formats by extension, scaling, and refusals naming the key") {
+  testing::TempDir dir;
+  testing::write_text(dir.file("train.csv").string(), "x1,x2,y\n0,10,0\n2,30,1\n4,50,1\n");
+  testing::write_text(dir.file("test.csv").string(), "x1,x2,y\n2,30,0\n");
+  const auto csv = data_options_from(config_with({"data.train=" + dir.file("train.csv").string(),
+                                                  "data.test=" + dir.file("test.csv").string()}));
+  CHECK(csv.format == DataFormat::kCsv);
+  TrainTest plain = load_data(csv);
+  CHECK(plain.train.row(2)[1] == 50.0f);  // auto: CSV as stored
+  auto scaled = csv;
+  scaled.scale = FeatureScaling::parse("divide:10");
+  CHECK(load_data(scaled).test.row(0)[1] == doctest::Approx(3.0));
+  scaled.scale = FeatureScaling::parse("standardize");
+  const TrainTest s = load_data(scaled);
+  double sum = 0;
+  for (const float v : s.train.features()) sum += v;
+  CHECK(sum == doctest::Approx(0.0).epsilon(1e-5));
+  CHECK(FeatureScaling::parse("divide:255").to_string() == "divide:255");
+
+  CHECK(error_of([] { (void)FeatureScaling::parse("divide:0"); }).starts_with("data.scale"));
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.train=" + dir.file("train.csv").string()}));
+        }).starts_with("data.test"));
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.train=/x/data.parquet", "data.test=/x/t"}));
+        }).find("set data.format") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.format=idx", "data.train=/x/a.csv"}));
+        }).starts_with("data.format = idx"));
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.label=name"}));
+        }).starts_with("data.label applies"));
+  CHECK(error_of([&] {
+          (void)data_options_from(
+              config_with({"data.train=" + dir.file("train.csv").string(),
+                           "data.test=" + dir.file("test.csv").string(), "data.shape=3x0x1"}));
+        }).starts_with("data.shape"));
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.train=" + dir.file("train.csv").string(),
+                                               "data.test=" + dir.file("test.csv").string(),
+                                               "data.train_labels=" + dir.file("y.npy").string()}));
+        }).starts_with("data.train_labels"));
+}
+
+TEST_CASE("a model that does not take the data's examples is refused, naming both") {
+  testing::TempDir dir;
+  testing::write_text(dir.file("d.csv").string(), "1,2,3,0\n");
+  const Dataset d = load_csv_dataset(dir.file("d.csv").string(), {.label_column = -1});
+  const auto spec = kernels::make_network_spec("mlp:784-10");
+  CHECK(error_of([&] { check_model_input(spec, "mlp:784-10", d, "csv d.csv"); }) ==
+        "the model mlp:784-10 takes 784 inputs per example (784x1x1), but csv d.csv has 3 "
+        "features per example (3x1x1)");
+  check_model_input(kernels::make_network_spec("mlp:3-4-2"), "mlp:3-4-2", d, "csv d.csv");
+}
+
+}  // namespace
+}  // namespace cohort::client

@@ -1,0 +1,29 @@
+// NumPy .npy datasets (format versions 1 to 3, C order, little-endian or single-byte numbers:
+// float32/64, int8/16/32/64, uint8/16/32/64, bool), as Python users have them:
+//   np.save("train.npy", np.column_stack([X, y]))   one file, the label in a column, or
+//   np.save("x.npy", X); np.save("y.npy", y)        features (N, ...) and labels (N,) apart.
+// The file is mapped, not read, and converted once into the dataset's float buffer. Every failure
+// is a one-line DataError naming the file, and for a bad value its row and column (from 1), e.g.
+// "x.npy:17:3: not a finite number: nan". Stateless and thread-safe.
+#pragma once
+
+#include <filesystem>
+
+#include "cohort/client/dataset.h"
+
+namespace cohort::client {
+
+struct NpyOptions {
+  // One file: the label column (from 0; negative from the end). Ignored with a labels file.
+  int label_column = -1;
+  // Features per example as C x H x W; default from the array: (N, D) -> D x 1 x 1,
+  // (N, H, W) -> 1 x H x W, (N, C, H, W) -> C x H x W. When set, its size must match.
+  Shape shape = {0, 0, 0};
+  std::size_t num_classes = 0;  // 0: max label + 1
+};
+
+// features: (N, D) with a label column, or with `labels` (N,) or (N, 1) any (N, ...) array.
+Dataset load_npy_dataset(const std::filesystem::path& features,
+                         const std::filesystem::path& labels = {}, const NpyOptions& options = {});
+
+}  // namespace cohort::client
