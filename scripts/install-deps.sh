@@ -16,6 +16,7 @@ packages=(
   iproute2 nftables
   clang libclang-rt-14-dev clang-format
   python3-yaml
+  python3-sklearn python3-numpy  # tests: a CSV data set that is not Fashion-MNIST (digits)
   gnuplot-nox
 )
 # Intel's ipsec-mb: a faster AES-GCM for the transport (Debian ships it for amd64 only).

@@ -86,8 +86,10 @@ class Federation {
 
   void start_client(int i) {
     std::vector<std::string> a{"--server", coordinator_, "--name", "client-" + std::to_string(i),
-                               "--data", partition_, "--part", std::to_string(i) + "/" + std::to_string(clients_),
                                "--log-level", "info"};
+    if (!own_data) {  // a part of the shared data set; with own_data, client_extra names its files
+      a.insert(a.end(), {"--data", partition_, "--part", std::to_string(i) + "/" + std::to_string(clients_)});
+    }
     auto t = tls("client-" + std::to_string(i));
     a.insert(a.end(), t.begin(), t.end());
     if (auto it = client_extra.find(i); it != client_extra.end()) {
@@ -143,6 +145,7 @@ class Federation {
 
   std::vector<Process> clients;
   std::map<int, std::vector<std::string>> client_extra;  // extra flags per client index
+  bool own_data = false;  // clients get no --data/--part: each trains on all of its own files
   std::string shard_log_level = "info";
 
  private:
