@@ -114,12 +114,25 @@ for ((i = 1; i < shards; i++)); do
 done
 for ((i = 0; i < clients; i++)); do
   # shellcheck disable=SC2046
+  # Standardized pixels (the training set's mean and deviation) learn better than [0, 1] at the
+  # main job's learning rate; a --client-flag --data.scale=... given to run.sh wins (it comes later).
   "$bin/cohort-client" --server "$coordinator" --name "client-$i" --data "$partition" \
-    --part "$i/$clients" $(tls_for "client-$i") ${client_flags[@]+"${client_flags[@]}"} \
+    --part "$i/$clients" $(tls_for "client-$i") --data.scale=standardize \
+    ${client_flags[@]+"${client_flags[@]}"} \
     ${client_flags_for[$i]:-} --log-level warn 2>"$work/client-$i.log" &
   pids+=($!)
 done
-echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), server.mode $mode, model mlp:784-256-128-10, partition $partition"
+# The banner names what really runs: the model of a --server-flag --model.spec=..., else the
+# config's; the clients' own data file, else Fashion-MNIST.
+model=$(sed -n 's/^spec *= *"\(.*\)".*/\1/p' "$config" | head -n 1)
+data="Fashion-MNIST ($partition)"
+for f in ${server_flags[@]+"${server_flags[@]}"}; do
+  case "$f" in --model.spec=*) model=${f#--model.spec=} ;; esac
+done
+for f in ${client_flags[@]+"${client_flags[@]}"}; do
+  case "$f" in --data.train=*) data=${f#--data.train=} ;; esac
+done
+echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), server.mode $mode, model $model, data $data"
 status=0
 wait "$server0" || status=$?
 end=$(date +%s.%N)
