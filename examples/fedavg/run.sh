@@ -53,7 +53,18 @@ cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
-trap cleanup EXIT INT TERM
+# Each process's name and log, by pid: a process that fails is reported with its log at once.
+declare -A name_of=() log_of=()
+# Ctrl-C: show where every process was before the logs go (cleanup removes them at exit).
+interrupted() {
+  echo "run.sh: interrupted; the end of each log:" >&2
+  for p in "${!log_of[@]}"; do
+    [ -s "${log_of[$p]}" ] && { echo "--- ${name_of[$p]}" >&2; tail -n 5 "${log_of[$p]}" >&2; }
+  done
+  exit 130
+}
+trap cleanup EXIT
+trap interrupted INT TERM
 
 tls=()
 if [ "$insecure" = 1 ]; then
@@ -111,6 +122,8 @@ for ((i = 1; i < shards; i++)); do
     --listen 'tcp://127.0.0.1:*' --coordinator "$coordinator" $(tls_for "shard-$i") \
     ${server_flags[@]+"${server_flags[@]}"} --log-level warn 2>"$work/shard-$i.log" &
   pids+=($!)
+  name_of[$!]="shard $i"
+  log_of[$!]="$work/shard-$i.log"
 done
 for ((i = 0; i < clients; i++)); do
   # shellcheck disable=SC2046
@@ -121,6 +134,8 @@ for ((i = 0; i < clients; i++)); do
     ${client_flags[@]+"${client_flags[@]}"} \
     ${client_flags_for[$i]:-} --log-level warn 2>"$work/client-$i.log" &
   pids+=($!)
+  name_of[$!]="client-$i"
+  log_of[$!]="$work/client-$i.log"
 done
 # The banner names what really runs: the model of a --server-flag --model.spec=..., else the
 # config's; the clients' own data file, else Fashion-MNIST.
@@ -133,8 +148,28 @@ for f in ${client_flags[@]+"${client_flags[@]}"}; do
   case "$f" in --data.train=*) data=${f#--data.train=} ;; esac
 done
 echo "cohort: $shards shards + $clients clients on loopback ($([ "$insecure" = 1 ] && echo plaintext || echo mutual TLS)), server.mode $mode, model $model, data $data"
+# Until shard 0 ends: any other process that exits with an error is reported at once, with the
+# end of its log, instead of the run waiting out its round deadline.
 status=0
-wait "$server0" || status=$?
+live=("${pids[@]}")
+while [ ${#live[@]} -gt 0 ]; do
+  done_pid=""
+  code=0
+  wait -n -p done_pid "${live[@]}" || code=$?
+  [ -n "$done_pid" ] || break
+  if [ "$done_pid" = "$server0" ]; then
+    status=$code
+    break
+  fi
+  if [ "$code" != 0 ]; then
+    echo "run.sh: ${name_of[$done_pid]} exited with status $code; the end of its log:" >&2
+    tail -n 15 "${log_of[$done_pid]}" >&2
+    exit 1
+  fi
+  rest=()
+  for p in "${live[@]}"; do [ "$p" = "$done_pid" ] || rest+=("$p"); done
+  live=(${rest[@]+"${rest[@]}"})
+done
 end=$(date +%s.%N)
 if [ "$status" != 0 ]; then
   echo "run.sh: shard 0 failed (exit $status); client logs:" >&2
