@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "cohort/aggregation/decentralized.h"
+#include "cohort/client/data_source.h"
 #include "cohort/client/idx.h"
 #include "cohort/client/partition.h"
 #include "cohort/core/error.h"
@@ -50,6 +52,8 @@ struct Options {
   std::string model = "mlp:784-256-128-10", data_dir{client::kFashionMnistDir};
   std::string compressor = "none", allreduce = "ring";
   std::vector<std::string> topology_opts, compressor_opts;
+  // Your own data: the data.* keys of cohort-client (client/data_source.h), as --data-KEY flags.
+  std::map<std::string, std::string> data_keys;
   std::uint64_t seed = 1, staleness = 0;
 };
 
@@ -78,6 +82,17 @@ void add_options(CLI::App& app, Options& o) {
                  "ring_allreduce's collective: ring, recursive_doubling or auto");
   app.add_option("--model", o.model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", o.data_dir, "Fashion-MNIST folder");
+  for (const char* key : {"format", "train", "test", "train-labels", "test-labels", "label",
+                          "header", "delimiter", "shape", "scale"}) {
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '-', '_');
+    app.add_option_function<std::string>(
+        std::string("--data-") + key,
+        [&o, name](const std::string& v) { o.data_keys["data." + name] = v; },
+        "data." + name +
+            " of cohort-client (csv/npy files; --data-scale auto standardizes IDX "
+            "pixels here, as before)");
+  }
   app.add_option("--seed", o.seed, "seed of the split, the batches and the initial model");
   app.add_option("--staleness", o.staleness,
                  "asynchronous gossip with this staleness bound (0: sync)");
@@ -88,6 +103,18 @@ void add_options(CLI::App& app, Options& o) {
   app.set_config("--config", "", "read options from a TOML file (keys: the long option names)");
   // A key of the file that is no option is an error, as on the command line.
   app.allow_config_extras(CLI::config_extras_mode::error);
+}
+
+// The data.* keys from the --data-KEY flags, checked as cohort-client checks them, and loaded.
+client::TrainTest load_experiment_data(const Options& o) {
+  ConfigSchema schema;
+  schema.add("data.dir", std::string(client::kFashionMnistDir), "");
+  client::add_data_source_keys(schema);
+  Config config(schema);
+  config.set("data.dir", o.data_dir);
+  for (const auto& [key, value] : o.data_keys) config.set(key, value);
+  return client::load_data(client::data_options_from(config),
+                           {client::FeatureScaling::Kind::kStandardize, 1.0});
 }
 
 // An option that none of the algorithms takes would be silently ignored: refused instead.
@@ -298,8 +325,8 @@ int main(int argc, char** argv) {
     std::vector<agg::DecentralizedSettings> all_settings;
     for (const auto& algo : algo_list) all_settings.push_back(settings_for(o, algo));
 
-    Experiment x{.data = client::load_fashion_mnist(o.data_dir, /*standardize=*/true),
-                 .spec = kernels::make_network_spec(o.model)};
+    Experiment x{.data = load_experiment_data(o), .spec = kernels::make_network_spec(o.model)};
+    client::check_model_input(x.spec, o.model, x.data.train, "the data");
     x.parts = client::make_partition(client::parse_partition_spec(o.partition),
                                      x.data.train.labels(), o.nodes, o.seed);
     x.device = kernels::make_device("cpu", {.threads = 1});

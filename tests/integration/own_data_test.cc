@@ -84,7 +84,8 @@ TEST_CASE("own CSV and NumPy files: each client trains on its own file, over TLS
 
   // The same files as .npy, one array with the label in its last column...
   sh("cd " + d +
-     " && /usr/bin/python3 -c \"import numpy as np\nfor n in ['train-0','train-1','train-2','test']: "
+     " && /usr/bin/python3 -c \"import numpy as np\nfor n in "
+     "['train-0','train-1','train-2','test']: "
      "np.save(n + '.npy', np.loadtxt(n + '.csv', delimiter=',', dtype=np.float32))\"");
   const double npy = federate(d, ".npy", {});
   MESSAGE("the same as .npy: " << npy);
@@ -102,4 +103,57 @@ TEST_CASE("own CSV and NumPy files: each client trains on its own file, over TLS
   const double apart = federate(d, "", {"labels"});
   MESSAGE("features and labels apart: " << apart);
   CHECK(std::abs(apart - csv) <= 0.01);
+}
+
+TEST_CASE(
+    "own CSV files in cohort-sim and cohort-decentralized-sim, and a model that does not fit") {
+  REQUIRE(std::filesystem::exists(kDigits));
+  cohort::test::TempDir dir;
+  const std::string d = dir.path().string();
+  sh("zcat " + std::string(kDigits) + " | awk -v d=" + d +
+     " 'NR % 5 == 0 { print > d \"/test.csv\"; next } { print > d \"/train.csv\" }'");
+  const std::vector<std::string> data{"--data.train=" + d + "/train.csv",
+                                      "--data.test=" + d + "/test.csv", "--data.scale=standardize"};
+  // 20 virtual clients partition the file (iid), about 72 rows each; 10 a round, 5 epochs each.
+  std::vector<std::string> sim{"--model.spec=mlp:64-64-10",
+                               "--sim.clients=20",
+                               "--server.clients_per_round=10",
+                               "--server.rounds=20",
+                               "--train.epochs=5",
+                               "--train.lr=0.05",
+                               "--train.momentum=0.9",
+                               "--sim.metrics_file=" + d + "/sim.jsonl",
+                               "--sim.csv_file=",
+                               "--sim.progress=false"};
+  sim.insert(sim.end(), data.begin(), data.end());
+  auto s = cohort::test::Process::spawn(COHORT_SIM_BIN, sim);
+  REQUIRE(s.wait_for(300s) == 0);
+  const std::string summary = s.stdout_text();
+  INFO(summary << s.stderr_text());
+  const auto at = summary.find("final accuracy ");
+  REQUIRE(at != std::string::npos);
+  const double sim_accuracy = std::stod(summary.substr(at + 15)) / 100;
+  MESSAGE("cohort-sim, digits CSV, 20 virtual clients: final accuracy " << sim_accuracy);
+  CHECK(sim_accuracy >= 0.9);
+
+  auto p = cohort::test::Process::spawn(
+      COHORT_DECENTRALIZED_SIM_BIN,
+      {"--nodes", "4", "--steps", "300", "--algos", "dpsgd", "--partition", "iid", "--model",
+       "mlp:64-64-10", "--data-train", d + "/train.csv", "--data-test", d + "/test.csv"});
+  REQUIRE(p.wait_for(300s) == 0);
+  const std::string out = p.stdout_text();
+  const auto acc = out.find("\"avg_model_test_accuracy\":");
+  REQUIRE(acc != std::string::npos);
+  const double decentralized = std::stod(out.substr(acc + 27));
+  MESSAGE("cohort-decentralized-sim, 4 peers on a ring: " << decentralized);
+  CHECK(decentralized >= 0.9);
+
+  // The default model takes 784 inputs: refused at once, naming both, not a hang.
+  auto bad = cohort::test::Process::spawn(
+      COHORT_DECENTRALIZED_SIM_BIN,
+      {"--nodes", "2", "--steps", "1", "--algos", "dpsgd", "--data-train", d + "/train.csv",
+       "--data-test", d + "/test.csv"});
+  REQUIRE(bad.wait_for(60s) == 1);
+  CHECK(bad.stderr_text().find("takes 784 inputs per example (784x1x1), but the data has 64 "
+                               "features per example") != std::string::npos);
 }
