@@ -60,6 +60,9 @@ cmake --build "$build" -j "$(nproc)" >"$work/build.log" 2>&1 ||
   { cat "$work/build.log" >&2; echo "run.sh: building the example failed" >&2; exit 1; }
 "$build/geometric_median_test" >"$work/test.log" ||
   { cat "$work/test.log" >&2; echo "run.sh: geometric_median_test failed" >&2; exit 1; }
+"$build/federated_step_demo" >"$work/step.log" ||
+  { cat "$work/step.log" >&2; echo "run.sh: federated_step_demo failed" >&2; exit 1; }
+cat "$work/step.log"
 
 # run_federation NAME SERVER_COMMAND...: shard 0 plus $clients clients; checks metrics.jsonl.
 run_federation() {
