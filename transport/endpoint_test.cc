@@ -156,6 +156,18 @@ class ServerThread {
   std::jthread thread_;  // last: joins before the members above go away
 };
 
+// Drives the handshake of a server and a client that both live on this thread, by alternating,
+// for at most `passes` passes of 5 ms each.
+void handshake(Endpoint& server, Endpoint& client, int passes) {
+  for (int i = 0; i < passes && !client.is_ready(); ++i) {
+    (void)server.receive(5ms);
+    try {
+      client.wait_ready(5ms);
+    } catch (const TimeoutError&) {
+    }
+  }
+}
+
 // Sends a heartbeat and waits for its echo, retrying a few times (a restart loses in-flight
 // records; the protocol above the transport retries, and so does this helper).
 bool round_trip(Endpoint& ep, std::uint64_t clock, int attempts = 20) {
@@ -252,13 +264,7 @@ TEST_CASE_TEMPLATE("chunked transfers reassemble, or stream chunk by chunk, over
     co.chunk_bytes = 4096;
     auto client = Endpoint::connect(ctx, server.url(), co);
     // Both live on this thread, so drive the handshake by alternating.
-    for (int i = 0; i < 200 && !client.is_ready(); ++i) {
-      (void)server.receive(5ms);
-      try {
-        client.wait_ready(5ms);
-      } catch (const TimeoutError&) {
-      }
-    }
+    handshake(server, client, 200);
     REQUIRE(client.is_ready());
     const auto data = random_bytes(3 * 4096 + 100, 2);  // four chunks, the last one short
     Envelope e;
@@ -351,13 +357,7 @@ TEST_CASE("unsent_bytes counts what a send left queued while the peer does not r
   co.send_timeout = 20s;
   co.receive_queue = 1;  // the reply below arrives a record at a time
   auto client = Endpoint::connect(ctx, server.url(), co);
-  for (int i = 0; i < 400 && !client.is_ready(); ++i) {
-    (void)server.receive(5ms);
-    try {
-      client.wait_ready(5ms);
-    } catch (const TimeoutError&) {
-    }
-  }
+  handshake(server, client, 400);
   REQUIRE(client.is_ready());
   CHECK(client.unsent_bytes() == 0);
   // 64 MiB: more than the socket buffers of loopback hold while the server reads nothing.
@@ -461,13 +461,7 @@ TEST_CASE("a DEALER whose hello was lost handshakes again after handshake_timeou
     return std::vector<Endpoint::Frames>{record};
   });
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 800 && !client.is_ready(); ++i) {
-    (void)server.receive(5ms);
-    try {
-      client.wait_ready(5ms);
-    } catch (const TimeoutError&) {
-    }
-  }
+  handshake(server, client, 800);
   REQUIRE(client.is_ready());
   CHECK(hellos >= 2);
   CHECK(std::chrono::steady_clock::now() - t0 >= 1500ms);
@@ -805,13 +799,7 @@ TEST_CASE("a client held back past the dead-peer timeout reconnects and its mess
   co.heartbeat_ms = 200;
   co.send_timeout = 20s;
   auto client = Endpoint::connect(client_ctx, server.url(), co);
-  for (int i = 0; i < 400 && !client.is_ready(); ++i) {
-    (void)server.receive(5ms);
-    try {
-      client.wait_ready(5ms);
-    } catch (const TimeoutError&) {
-    }
-  }
+  handshake(server, client, 400);
   REQUIRE(client.is_ready());
   const auto data = random_bytes(std::size_t{64} << 20, 11);
   Envelope e;

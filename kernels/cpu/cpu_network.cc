@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../check.h"
+#include "../memory_kinds.h"
 #include "../parallel.h"
 #include "../random.h"
 #include "cohort/core/buffer.h"
@@ -56,11 +57,11 @@ class CpuNetwork final : public Network {
   CpuNetwork(const NetworkSpec& spec, ThreadPool* pool)
       : Network(spec),
         pool_(pool),
-        workspace_(pool != nullptr ? pool->size() : 1, &workspace_bytes_),
+        workspace_(pool != nullptr ? pool->size() : 1, &memory_.workspace),
         exec_{pool, &workspace_},
-        params_(spec.parameter_count(), &parameter_bytes_),
-        grads_(spec.parameter_count(), &gradient_bytes_),
-        optimizer_state_(0, &optimizer_bytes_) {
+        params_(spec.parameter_count(), &memory_.parameters),
+        grads_(spec.parameter_count(), &memory_.gradients),
+        optimizer_state_(0, &memory_.optimizer) {
     if (spec.layers().empty()) throw KernelError("network has no layers");
     const auto layers = spec.layers();
     bool nhwc = false;  // layout of the current activation
@@ -98,7 +99,7 @@ class CpuNetwork final : public Network {
           op.conv = conv_geometry(l);
           if (NhwcConv::supports(op.conv)) {
             op.fast_conv = std::make_unique<NhwcConv>(op.conv, NhwcConv::choose(op.conv));
-            op.fast_conv->set_tracker(&workspace_bytes_);
+            op.fast_conv->set_tracker(&memory_.workspace);
           }
           to_layout(op.fast_conv != nullptr, l.input);
           break;
@@ -161,7 +162,7 @@ class CpuNetwork final : public Network {
     if (training) {  // backward reads the input after the caller's buffer may be gone: copy it
       if (input_.size() < input.size()) {
         input_ = FloatBuffer();
-        input_ = FloatBuffer(input.size(), &activation_bytes_);
+        input_ = FloatBuffer(input.size(), &memory_.activations);
       }
       std::memcpy(input_.data(), input.data(), input.size_bytes());
       x = input_.data();
@@ -216,28 +217,9 @@ class CpuNetwork final : public Network {
   }
   bool recompute() const override { return recompute_; }
 
-  MemoryReport memory() const override {
-    const auto now = [](const MemoryTracker& t) { return t.current(); };
-    const auto top = [](const MemoryTracker& t) { return t.peak(); };
-    const auto use = [&](auto&& f) {
-      return MemoryUse{.parameters = f(parameter_bytes_),
-                       .gradients = f(gradient_bytes_),
-                       .optimizer = f(optimizer_bytes_),
-                       .activations = f(activation_bytes_),
-                       .workspace = f(workspace_bytes_),
-                       .total = f(total_bytes_)};
-    };
-    return {.tracked = true, .current = use(now), .peak = use(top)};
-  }
-
-  void set_memory_limit(std::size_t bytes) override { total_bytes_.set_limit(bytes); }
-
-  void reset_memory_peak() override {
-    for (MemoryTracker* t : {&parameter_bytes_, &gradient_bytes_, &optimizer_bytes_,
-                             &activation_bytes_, &workspace_bytes_, &total_bytes_}) {
-      t->reset_peak();
-    }
-  }
+  MemoryReport memory() const override { return memory_.report(); }
+  void set_memory_limit(std::size_t bytes) override { memory_.set_limit(bytes); }
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   void backward(std::span<const float> dlogits) override {
     if (!trained_forward_) throw KernelError("backward: needs a preceding training forward");
@@ -332,9 +314,9 @@ class CpuNetwork final : public Network {
   void set_optimizer(const OptimizerOptions& options) override {
     validate(options);
     optimizer_ = options;
-    optimizer_state_ = FloatBuffer(0, &optimizer_bytes_);
+    optimizer_state_ = FloatBuffer(0, &memory_.optimizer);
     optimizer_state_ =
-        FloatBuffer(parameter_count() * state_floats_per_parameter(options), &optimizer_bytes_);
+        FloatBuffer(parameter_count() * state_floats_per_parameter(options), &memory_.optimizer);
     optimizer_steps_ = 0;
   }
 
@@ -572,20 +554,20 @@ class CpuNetwork final : public Network {
       for (std::size_t i = 0; i < ops_.size(); ++i) {
         if (!kept_[i]) continue;
         outputs_[i] = FloatBuffer();
-        outputs_[i] = FloatBuffer(batch * ops_[i].out_size, &activation_bytes_);
+        outputs_[i] = FloatBuffer(batch * ops_[i].out_size, &memory_.activations);
       }
       arena_ = FloatBuffer();
-      arena_ = FloatBuffer(batch * arena_per_sample_, &activation_bytes_);
+      arena_ = FloatBuffer(batch * arena_per_sample_, &memory_.activations);
       output_capacity_ = batch;
       return;
     }
     for (std::size_t i = 0; i < ops_.size(); ++i) {
       const Op& op = ops_[i];
       outputs_[i] = FloatBuffer();
-      outputs_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+      outputs_[i] = FloatBuffer(batch * op.out_size, &memory_.activations);
       if (op.layer != nullptr && op.layer->kind == LayerKind::kMaxPool2d) {
         argmax_[i] = FloatBuffer();
-        argmax_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+        argmax_[i] = FloatBuffer(batch * op.out_size, &memory_.activations);
       }
     }
     output_capacity_ = batch;
@@ -598,25 +580,20 @@ class CpuNetwork final : public Network {
       const Op& op = ops_[i];
       if (op.layer != nullptr && op.layer->kind == LayerKind::kDropout) {
         masks_[i] = FloatBuffer();
-        masks_[i] = FloatBuffer(batch * op.out_size, &activation_bytes_);
+        masks_[i] = FloatBuffer(batch * op.out_size, &memory_.activations);
       }
     }
     grad_a_ = FloatBuffer();
-    grad_a_ = FloatBuffer(batch * widest_, &activation_bytes_);
+    grad_a_ = FloatBuffer(batch * widest_, &memory_.activations);
     grad_b_ = FloatBuffer();
-    grad_b_ = FloatBuffer(batch * widest_, &activation_bytes_);
+    grad_b_ = FloatBuffer(batch * widest_, &memory_.activations);
     dlogits_ = FloatBuffer();
-    dlogits_ = FloatBuffer(batch * output_size(), &activation_bytes_);
+    dlogits_ = FloatBuffer(batch * output_size(), &memory_.activations);
     training_capacity_ = batch;
   }
 
-  // Trackers first: they outlive every buffer below. Each kind counts into the total.
-  MemoryTracker total_bytes_;
-  MemoryTracker parameter_bytes_{&total_bytes_};
-  MemoryTracker gradient_bytes_{&total_bytes_};
-  MemoryTracker optimizer_bytes_{&total_bytes_};
-  MemoryTracker activation_bytes_{&total_bytes_};
-  MemoryTracker workspace_bytes_{&total_bytes_};
+  // First: the trackers outlive every buffer below.
+  detail::MemoryKinds memory_;
 
   ThreadPool* pool_;
   Workspace workspace_;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../check.h"
+#include "../memory_kinds.h"
 #include "../random.h"
 #include "cohort/core/buffer.h"
 #include "cohort/kernels/loss.h"
@@ -84,18 +85,18 @@ class CudaNetwork final : public Network {
     argmax_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
     // Every device buffer counts into a kind (cuBLAS's own workspace is not counted).
-    params_.set_tracker(&parameter_bytes_);
-    grads_.set_tracker(&gradient_bytes_);
-    grad_sum_.set_tracker(&gradient_bytes_);
-    optimizer_state_.set_tracker(&optimizer_bytes_);
-    for (auto* b : {&input_, &grad_a_, &grad_b_, &losses_}) b->set_tracker(&activation_bytes_);
-    labels_.set_tracker(&activation_bytes_);
+    params_.set_tracker(&memory_.parameters);
+    grads_.set_tracker(&memory_.gradients);
+    grad_sum_.set_tracker(&memory_.gradients);
+    optimizer_state_.set_tracker(&memory_.optimizer);
+    for (auto* b : {&input_, &grad_a_, &grad_b_, &losses_}) b->set_tracker(&memory_.activations);
+    labels_.set_tracker(&memory_.activations);
     for (std::size_t i = 0; i < ops_.size(); ++i) {
-      outputs_[i].set_tracker(&activation_bytes_);
-      masks_[i].set_tracker(&activation_bytes_);
-      argmax_[i].set_tracker(&activation_bytes_);
+      outputs_[i].set_tracker(&memory_.activations);
+      masks_[i].set_tracker(&memory_.activations);
+      argmax_[i].set_tracker(&memory_.activations);
     }
-    for (auto* b : {&cols_, &dcols_, &result_}) b->set_tracker(&workspace_bytes_);
+    for (auto* b : {&cols_, &dcols_, &result_}) b->set_tracker(&memory_.workspace);
     const std::size_t count = parameter_count();
     params_.reset(count);
     grads_.reset(count);
@@ -220,28 +221,9 @@ class CudaNetwork final : public Network {
   void set_micro_batch(std::size_t m) override { micro_batch_ = m; }
   std::size_t micro_batch() const override { return micro_batch_; }
 
-  MemoryReport memory() const override {
-    const auto use = [&](auto&& f) {
-      return MemoryUse{.parameters = f(parameter_bytes_),
-                       .gradients = f(gradient_bytes_),
-                       .optimizer = f(optimizer_bytes_),
-                       .activations = f(activation_bytes_),
-                       .workspace = f(workspace_bytes_),
-                       .total = f(total_bytes_)};
-    };
-    return {.tracked = true,
-            .current = use([](const MemoryTracker& t) { return t.current(); }),
-            .peak = use([](const MemoryTracker& t) { return t.peak(); })};
-  }
-
-  void set_memory_limit(std::size_t bytes) override { total_bytes_.set_limit(bytes); }
-
-  void reset_memory_peak() override {
-    for (MemoryTracker* t : {&parameter_bytes_, &gradient_bytes_, &optimizer_bytes_,
-                             &activation_bytes_, &workspace_bytes_, &total_bytes_}) {
-      t->reset_peak();
-    }
-  }
+  MemoryReport memory() const override { return memory_.report(); }
+  void set_memory_limit(std::size_t bytes) override { memory_.set_limit(bytes); }
+  void reset_memory_peak() override { memory_.reset_peak(); }
 
   Evaluation evaluate(std::span<const float> input, std::span<const std::int32_t> labels,
                       std::size_t batch) override {
@@ -567,13 +549,8 @@ class CudaNetwork final : public Network {
     params_host_valid_ = false;
   }
 
-  // Trackers first: they outlive every buffer below. Each kind counts into the total.
-  MemoryTracker total_bytes_;
-  MemoryTracker parameter_bytes_{&total_bytes_};
-  MemoryTracker gradient_bytes_{&total_bytes_};
-  MemoryTracker optimizer_bytes_{&total_bytes_};
-  MemoryTracker activation_bytes_{&total_bytes_};
-  MemoryTracker workspace_bytes_{&total_bytes_};
+  // First: the trackers outlive every buffer below.
+  detail::MemoryKinds memory_;
 
   int ordinal_;
   std::unique_ptr<Stream> stream_;      // created after selecting the device
