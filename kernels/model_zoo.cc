@@ -1,6 +1,8 @@
 #include "cohort/kernels/model_zoo.h"
 
 #include <charconv>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -79,17 +81,121 @@ NetworkSpec make_lenet5(Shape input, std::size_t classes) {
   return net;
 }
 
+std::string_view trim_space(std::string_view s) {
+  while (!s.empty() && std::string_view(" \t\r\n").find(s.front()) != std::string_view::npos) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && std::string_view(" \t\r\n").find(s.back()) != std::string_view::npos) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+// The pieces between separators, without surrounding white space (a TOML multi-line string may
+// put one layer per line).
+std::vector<std::string_view> split_on(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t at = text.find(sep, start);
+    out.push_back(trim_space(text.substr(start, at == text.npos ? text.npos : at - start)));
+    if (at == text.npos) return out;
+    start = at + 1;
+  }
+}
+
+// "net:INPUT,LAYER,LAYER,...": INPUT is CxHxW or a width D (D x 1 x 1); each LAYER is one of
+// conv:OUT:K[:STRIDE[:PAD]], maxpool:K[:STRIDE], linear:OUT, relu, flatten, dropout:P. Input
+// channels and widths follow from the layer before; a linear layer after a CxHxW output reads it
+// flattened.
+NetworkSpec make_net(std::string_view spec, std::string_view body, const ModelOptions& options) {
+  const auto tokens = split_on(body, ',');
+  if (tokens.size() < 2) bad_spec(spec, "a net needs an input shape and at least one layer");
+  Shape input{};
+  {
+    const auto dims = split_on(tokens[0], 'x');
+    if (dims.size() == 1) {
+      input = {parse_width(spec, dims[0]), 1, 1};
+    } else if (dims.size() == 3) {
+      input = {parse_width(spec, dims[0]), parse_width(spec, dims[1]), parse_width(spec, dims[2])};
+    } else {
+      bad_spec(spec, "the input '" + std::string(tokens[0]) + "' is not CxHxW or a width");
+    }
+  }
+  if (options.input && options.input->size() != input.size()) {
+    bad_spec(spec, "it takes " + kernels::to_string(input) + " but the input is " +
+                       kernels::to_string(*options.input));
+  }
+  NetworkSpec net(input);
+  for (std::size_t i = 1; i < tokens.size(); ++i) {
+    const auto parts = split_on(tokens[i], ':');
+    const std::string_view kind = parts[0];
+    const std::string where = "layer " + std::to_string(i) + " '" + std::string(tokens[i]) + "'";
+    const auto arg = [&](std::size_t k, std::size_t fallback) {
+      return k < parts.size() ? parse_width(spec, parts[k]) : fallback;
+    };
+    const auto arity = [&](std::size_t least, std::size_t most) {
+      if (parts.size() - 1 < least || parts.size() - 1 > most) {
+        bad_spec(spec, where + ": " + std::string(kind) + " takes " + std::to_string(least) +
+                           (most > least ? " to " + std::to_string(most) : std::string()) +
+                           " argument(s)");
+      }
+    };
+    try {
+      const Shape now = net.output_shape();
+      if (kind == "conv") {
+        arity(2, 4);
+        net.conv2d(now.channels, arg(1, 0), arg(2, 0), arg(3, 1),
+                   parts.size() > 4 ? (parts[4] == "0" ? 0 : arg(4, 0)) : 0);
+      } else if (kind == "maxpool") {
+        arity(1, 2);
+        net.maxpool2d(arg(1, 0), arg(2, 0));
+      } else if (kind == "linear") {
+        arity(1, 1);
+        if (now.height != 1 || now.width != 1) net.flatten();
+        net.linear(net.output_size(), arg(1, 0));
+      } else if (kind == "relu") {
+        arity(0, 0);
+        net.relu();
+      } else if (kind == "flatten") {
+        arity(0, 0);
+        net.flatten();
+      } else if (kind == "dropout") {
+        arity(1, 1);
+        const std::string text(parts[1]);
+        char* end = nullptr;
+        const double p = std::strtod(text.c_str(), &end);
+        if (end != text.c_str() + text.size() || !(p >= 0 && p < 1)) {
+          bad_spec(spec, where + ": the drop probability must be in [0, 1)");
+        }
+        net.dropout(static_cast<float>(p));
+      } else {
+        bad_spec(spec, where + ": unknown layer (conv, maxpool, linear, relu, flatten, dropout)");
+      }
+    } catch (const KernelError& e) {
+      bad_spec(spec, where + ": " + e.what());
+    }
+  }
+  if (options.classes != 0 && net.output_size() != options.classes) {
+    bad_spec(spec, "it ends in " + std::to_string(net.output_size()) +
+                       " outputs but the data has " + std::to_string(options.classes) + " classes");
+  }
+  return net;
+}
+
 }  // namespace
 
 std::string known_model_specs() {
   return "mlp:W0-W1-...-Wn (e.g. mlp:784-256-128-10), cnn:lenet5, cnn:2conv, cnn:2conv:HIDDEN "
-         "(e.g. cnn:2conv:1024), cnn:cifar";
+         "(e.g. cnn:2conv:1024), cnn:cifar, net:INPUT,LAYER,... (e.g. "
+         "net:1x28x28,conv:16:3:1:1,relu,maxpool:2,linear:64,relu,linear:10)";
 }
 
 NetworkSpec make_network_spec(std::string_view spec, const ModelOptions& options) {
   const std::size_t classes = options.classes == 0 ? 10 : options.classes;
   try {
     if (spec.starts_with("mlp:")) return make_mlp(spec, spec.substr(4), options);
+    if (spec.starts_with("net:")) return make_net(spec, spec.substr(4), options);
     if (spec == "cnn:lenet5") return make_lenet5(options.input.value_or(Shape{1, 28, 28}), classes);
     if (spec == "cnn:2conv") {
       return make_two_conv(options.input.value_or(Shape{1, 28, 28}), 32, 64, 512, classes);

@@ -13,6 +13,14 @@
 //                           net (without its dropout)
 //   cnn:cifar               3x32x32: conv5x5x32 (pad 2)-relu-pool2-conv5x5x64 (pad 2)- 2,156,490
 //                           relu-pool2-fc512-relu-fc10
+//   net:INPUT,LAYER,...     your own network: INPUT is CxHxW (or a width D), each LAYER one of
+//                           conv:OUT:K[:STRIDE[:PAD]] (stride 1, pad 0 by default),
+//                           maxpool:K[:STRIDE], linear:OUT (flattens a CxHxW input), relu,
+//                           flatten, dropout:P; input channels and widths follow from the
+//                           layer before, e.g.
+//                           net:1x28x28,conv:16:3:1:1,relu,maxpool:2,linear:64,relu,linear:10
+//                           (white space around the commas is ignored: a TOML multi-line
+//                           string may hold one layer per line)
 // The CNNs take the input shape from the spec's default or from `input` when given (e.g.
 // cnn:2conv on 3x32x32), and the number of classes from `classes` (default 10).
 //
