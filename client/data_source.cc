@@ -44,7 +44,8 @@ void scale_features(Dataset& data, double factor) {
   for (float& x : data.mutable_features()) x *= f;
 }
 
-Dataset load_file(const DataOptions& o, const std::string& path, const std::string& labels) {
+Dataset load_file(const DataOptions& o, const std::string& path, const std::string& labels,
+                  const std::vector<std::string>& arrays) {
   if (o.format == DataFormat::kCsv) {
     return load_csv_dataset(path, {.label_column = o.label_column,
                                    .label_name = o.label_name,
@@ -52,7 +53,43 @@ Dataset load_file(const DataOptions& o, const std::string& path, const std::stri
                                    .delimiter = o.delimiter,
                                    .shape = o.shape});
   }
-  return load_npy_dataset(path, labels, {.label_column = o.label_column, .shape = o.shape});
+  return load_npy_dataset(path, labels,
+                          {.label_column = o.label_column,
+                           .shape = o.shape,
+                           .features_array = arrays.front(),
+                           .labels_array = arrays.size() > 1 ? arrays[1] : std::string()});
+}
+
+// "FEATURES,LABELS" or "FEATURES": the .npz members of data.arrays or data.test_arrays.
+std::vector<std::string> parse_arrays(const char* key, const std::string& text) {
+  std::vector<std::string> names;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = text.find(',', start);
+    names.push_back(text.substr(start, comma == std::string::npos ? comma : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (names.size() > 2 || names.front().empty() || names.back().empty()) {
+    throw ConfigError(std::string(key) +
+                      " must be FEATURES,LABELS or FEATURES (member names), got '" + text + "'");
+  }
+  return names;
+}
+
+// data.arrays and data.test_arrays, refused for a file that is no .npz archive.
+void read_npz_arrays(const Config& config, DataOptions& o) {
+  for (const bool test : {false, true}) {
+    const char* key = test ? "data.test_arrays" : "data.arrays";
+    const std::string& file = test ? o.test : o.train;
+    if (config.is_set(key) && std::filesystem::path(file).extension() != ".npz") {
+      throw ConfigError(std::string(key) + " names the members of a .npz archive; " +
+                        (test ? "data.test" : "data.train") + " is not one");
+    }
+  }
+  o.train_arrays = parse_arrays("data.arrays", config.get_string("data.arrays"));
+  const std::string test = config.get_string("data.test_arrays");
+  o.test_arrays = test.empty() ? o.train_arrays : parse_arrays("data.test_arrays", test);
 }
 
 }  // namespace
@@ -100,10 +137,15 @@ void add_data_source_keys(ConfigSchema& schema) {
       .add("data.format", std::string("auto"),
            "auto | idx | csv | npy (auto: by data.train's extension; idx, Fashion-MNIST's files "
            "in data.dir, without data.train)")
-      .add("data.train", std::string(""), "your training file (.csv or .npy) instead of data.dir")
+      .add("data.train", std::string(""),
+           "your training file (.csv, .npy or .npz) instead of data.dir")
       .add("data.test", std::string(""), "your test file (needed with data.train)")
       .add("data.train_labels", std::string(""), "npy: the labels (N,) of data.train's (N, ...)")
       .add("data.test_labels", std::string(""), "npy: the labels of data.test")
+      .add("data.arrays", std::string("x,y"),
+           "npz: the members holding the features and the labels (one name: a label column)")
+      .add("data.test_arrays", std::string(""),
+           "npz: the same for data.test (default: data.arrays)")
       .add("data.label", std::string("-1"),
            "csv/npy: the label column from 0 (negative: from the end) or, csv, its header name")
       .add("data.header", std::string("auto"),
@@ -131,7 +173,7 @@ DataOptions data_options_from(const Config& config) {
       o.format = DataFormat::kIdx;
     } else if (ext == ".csv" || ext == ".txt" || ext == ".tsv") {
       o.format = DataFormat::kCsv;
-    } else if (ext == ".npy") {
+    } else if (ext == ".npy" || ext == ".npz") {
       o.format = DataFormat::kNpy;
     } else {
       throw ConfigError("data.format = auto cannot tell the format of '" + o.train +
@@ -176,6 +218,7 @@ DataOptions data_options_from(const Config& config) {
       }
     }
   }
+  read_npz_arrays(config, o);
   const std::string label = config.get_string("data.label");
   int column = 0;
   const auto [p, ec] = std::from_chars(label.data(), label.data() + label.size(), column);
@@ -224,9 +267,9 @@ TrainTest load_data(const DataOptions& o, FeatureScaling idx_auto) {
       scale.divisor /= 255.0;
     }
   } else {
-    out.train = load_file(o, o.train, o.train_labels);
+    out.train = load_file(o, o.train, o.train_labels, o.train_arrays);
     if (!o.test.empty()) {
-      out.test = load_file(o, o.test, o.test_labels);
+      out.test = load_file(o, o.test, o.test_labels, o.test_arrays);
       if (out.test.feature_dim() != out.train.feature_dim() ||
           !(out.test.shape() == out.train.shape())) {
         throw DataError(o.test + ": examples of shape " + shape_text(out.test.shape()) + ", but " +

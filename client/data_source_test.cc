@@ -3,9 +3,11 @@
 #include "cohort/client/data_source.h"
 
 #include <doctest/doctest.h>
+#include <zlib.h>
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -45,6 +47,98 @@ void write_npy(const std::filesystem::path& path, const std::string& descr,
   out.put(static_cast<char>(len >> 8));
   out << header;
   out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+// A zip archive of .npy members (name -> the .npy bytes), each stored or deflated, optionally
+// with ZIP64 sizes as numpy writes them (force_zip64).
+std::string npy_bytes(const std::string& descr, const std::string& shape, const void* data,
+                      std::size_t bytes) {
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out.push_back(static_cast<char>(header.size() & 0xff));
+  out.push_back(static_cast<char>(header.size() >> 8));
+  out += header;
+  out.append(static_cast<const char*>(data), bytes);
+  return out;
+}
+
+void put(std::string& out, std::uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void write_npz(const std::filesystem::path& path,
+               const std::vector<std::pair<std::string, std::string>>& members, bool deflated,
+               bool zip64) {
+  std::string file, directory;
+  for (const auto& [name, raw] : members) {
+    std::string packed = raw;
+    if (deflated) {
+      packed.assign(compressBound(raw.size()) + 64, '\0');
+      z_stream z{};
+      REQUIRE(deflateInit2(&z, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+      z.avail_in = static_cast<uInt>(raw.size());
+      z.next_out = reinterpret_cast<Bytef*>(packed.data());
+      z.avail_out = static_cast<uInt>(packed.size());
+      REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+      packed.resize(z.total_out);
+      deflateEnd(&z);
+    }
+    const std::string member = name + ".npy";
+    const std::uint64_t offset = file.size();
+    std::string extra;
+    if (zip64) {
+      put(extra, 1, 2);
+      put(extra, 24, 2);
+      put(extra, raw.size(), 8);
+      put(extra, packed.size(), 8);
+      put(extra, offset, 8);
+    }
+    const std::uint64_t big = 0xffffffffu;
+    put(file, 0x04034b50, 4);
+    put(file, 45, 2);
+    put(file, 0, 2);
+    put(file, deflated ? 8 : 0, 2);
+    put(file, 0, 4);  // time, date
+    put(file, 0, 4);  // crc (not checked)
+    put(file, zip64 ? big : packed.size(), 4);
+    put(file, zip64 ? big : raw.size(), 4);
+    put(file, member.size(), 2);
+    put(file, 0, 2);
+    file += member;
+    file += packed;
+    put(directory, 0x02014b50, 4);
+    put(directory, 45, 2);
+    put(directory, 45, 2);
+    put(directory, 0, 2);
+    put(directory, deflated ? 8 : 0, 2);
+    put(directory, 0, 4);
+    put(directory, 0, 4);
+    put(directory, zip64 ? big : packed.size(), 4);
+    put(directory, zip64 ? big : raw.size(), 4);
+    put(directory, member.size(), 2);
+    put(directory, extra.size(), 2);
+    put(directory, 0, 2);  // comment
+    put(directory, 0, 2);  // disk
+    put(directory, 0, 2);
+    put(directory, 0, 4);
+    put(directory, zip64 ? big : offset, 4);
+    directory += member;
+    directory += extra;
+  }
+  const std::uint64_t at = file.size();
+  file += directory;
+  put(file, 0x06054b50, 4);
+  put(file, 0, 4);
+  put(file, members.size(), 2);
+  put(file, members.size(), 2);
+  put(file, directory.size(), 4);
+  put(file, at, 4);
+  put(file, 0, 2);
+  std::ofstream(path, std::ios::binary) << file;
 }
 
 Config config_with(const std::vector<std::string>& settings) {
@@ -135,6 +229,49 @@ TEST_CASE("NumPy: one array with a label column, or features and labels apart, a
   CHECK(error_of([&] {
           (void)load_npy_dataset(dir.file("x.npy").string(), dir.file("y3.npy").string());
         }).starts_with(dir.file("y3.npy").string() + ": expected 2 labels"));
+}
+
+TEST_CASE("NumPy .npz archives: stored, deflated or ZIP64 members, named by data.arrays") {
+  testing::TempDir dir;
+  const float x[] = {0.5f, 1.0f, 1.5f, 2.0f};  // (2, 2)
+  const std::int64_t y[] = {1, 0};
+  const std::vector<std::pair<std::string, std::string>> members{
+      {"x", npy_bytes("<f4", "(2, 2)", x, sizeof x)}, {"y", npy_bytes("<i8", "(2,)", y, sizeof y)}};
+  for (const bool deflated : {false, true}) {
+    for (const bool zip64 : {false, true}) {
+      CAPTURE(deflated);
+      CAPTURE(zip64);
+      const std::string f = dir.file("d.npz").string();
+      write_npz(f, members, deflated, zip64);
+      const Dataset d = load_npy_dataset(f);
+      REQUIRE(d.size() == 2);
+      CHECK(d.row(1)[1] == 2.0f);
+      CHECK(d.labels()[0] == 1);
+    }
+  }
+  const std::string f = dir.file("d.npz").string();
+  CHECK(error_of([&] { (void)load_npy_dataset(f, {}, {.features_array = "x_train"}); }) ==
+        f + ": no array 'x_train' (it holds: x, y; data.arrays names them)");
+  testing::write_text(dir.file("bad.npz"), "not a zip at all, long enough to look for one");
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("bad.npz").string());
+        }).find("not a zip archive") != std::string::npos);
+  // Keras' layout: both sets in one archive, chosen by data.arrays and data.test_arrays.
+  write_npz(dir.file("k.npz"),
+            {{"x_train", members[0].second},
+             {"y_train", members[1].second},
+             {"x_test", members[0].second},
+             {"y_test", members[1].second}},
+            true, true);
+  const auto keras = data_options_from(config_with(
+      {"data.train=" + dir.file("k.npz").string(), "data.test=" + dir.file("k.npz").string(),
+       "data.arrays=x_train,y_train", "data.test_arrays=x_test,y_test"}));
+  CHECK(load_data(keras).test.size() == 2);
+  CHECK(error_of([&] {
+          (void)data_options_from(
+              config_with({"data.train=" + dir.file("t.csv").string(),
+                           "data.test=" + dir.file("t.csv").string(), "data.arrays=a,b"}));
+        }).starts_with("data.arrays names the members of a .npz archive"));
 }
 
 TEST_CASE("data.* keys: formats by extension, scaling, and refusals naming the key") {

@@ -82,8 +82,8 @@ void add_options(CLI::App& app, Options& o) {
                  "ring_allreduce's collective: ring, recursive_doubling or auto");
   app.add_option("--model", o.model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", o.data_dir, "Fashion-MNIST folder");
-  for (const char* key : {"format", "train", "test", "train-labels", "test-labels", "label",
-                          "header", "delimiter", "shape", "scale"}) {
+  for (const char* key : {"format", "train", "test", "train-labels", "test-labels", "arrays",
+                          "test-arrays", "label", "header", "delimiter", "shape", "scale"}) {
     std::string name = key;
     std::replace(name.begin(), name.end(), '-', '_');
     app.add_option_function<std::string>(

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cctype>
 #include <cerrno>
@@ -11,7 +12,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,32 +31,10 @@ namespace {
 // A parsed .npy file: its element type, shape and the mapped bytes of its data.
 class NpyArray {
  public:
-  explicit NpyArray(const std::filesystem::path& path) : origin_(path.string()) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) fail(origin_, "no such file (expected .npy)");
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(origin_, std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      fail(origin_, "cannot stat");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        fail(origin_, std::string("cannot map: ") + std::strerror(errno));
-      }
-      base_ = static_cast<const unsigned char*>(p);
-    }
-    ::close(fd);
+  // The array in bytes [base, base + size), which must outlive it; origin names it in errors.
+  NpyArray(std::string origin, const unsigned char* base, std::size_t size)
+      : origin_(std::move(origin)), base_(base), size_(size) {
     parse();
-  }
-  NpyArray(const NpyArray&) = delete;
-  NpyArray& operator=(const NpyArray&) = delete;
-  ~NpyArray() {
-    if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), size_);
   }
 
   [[nodiscard]] const std::string& origin() const { return origin_; }
@@ -180,11 +161,163 @@ class NpyArray {
 
   std::string origin_;
   const unsigned char* base_ = nullptr;
-  const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
+  const unsigned char* data_ = nullptr;
   char kind_ = 'f';
   std::size_t width_ = 4;
   std::vector<std::size_t> shape_;
+};
+
+// A read-only mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path, const std::string& expected)
+      : origin_(path.string()) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec))
+      fail(origin_, "no such file (" + expected + ")");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(origin_, std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      fail(origin_, "cannot stat");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        fail(origin_, std::string("cannot map: ") + std::strerror(errno));
+      }
+      base_ = static_cast<const unsigned char*>(p);
+    }
+    ::close(fd);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), size_);
+  }
+  [[nodiscard]] const unsigned char* data() const { return base_; }
+  [[nodiscard]] std::size_t size() const { return size_; }
+
+ private:
+  std::string origin_;
+  const unsigned char* base_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Little-endian fields of a zip archive, bounds-checked.
+class ZipReader {
+ public:
+  ZipReader(std::string origin, const unsigned char* base, std::size_t size)
+      : origin_(std::move(origin)), base_(base), size_(size) {}
+
+  // The bytes of member `name` (stored: in place; deflated: inflated into `inflated`).
+  std::span<const unsigned char> member(const std::string& name,
+                                        std::vector<unsigned char>& inflated) const {
+    std::size_t eocd = size_ < 22 ? npos : size_ - 22;
+    const std::size_t lowest = size_ > 22 + 65535 ? size_ - 22 - 65535 : 0;
+    while (eocd != npos && u32(eocd) != 0x06054b50u) eocd = eocd > lowest ? eocd - 1 : npos;
+    if (eocd == npos) fail(origin_, "not a zip archive (.npz): no end-of-directory record");
+    std::uint64_t entries = u16(eocd + 10), at = u32(eocd + 16);
+    if ((entries == 0xffffu || at == 0xffffffffu) && eocd >= 20 && u32(eocd - 20) == 0x07064b50u) {
+      const std::uint64_t z = u64(eocd - 20 + 8);  // the ZIP64 end-of-directory record
+      if (u32(z) != 0x06064b50u) fail(origin_, "damaged ZIP64 directory");
+      entries = u64(z + 32);
+      at = u64(z + 48);
+    }
+    std::string names;
+    for (std::uint64_t e = 0; e < entries; ++e) {
+      if (u32(at) != 0x02014b50u) fail(origin_, "damaged zip directory");
+      const unsigned method = u16(at + 10);
+      std::uint64_t packed = u32(at + 20), size = u32(at + 24), local = u32(at + 42);
+      const std::size_t name_len = u16(at + 28), extra_len = u16(at + 30), note_len = u16(at + 32);
+      const std::string entry(reinterpret_cast<const char*>(bytes(at + 46, name_len)), name_len);
+      const std::size_t next = at + 46 + name_len + extra_len + note_len;
+      if (entry != name + ".npy") {
+        if (entry.ends_with(".npy"))
+          names += (names.empty() ? "" : ", ") + entry.substr(0, entry.size() - 4);
+        at = next;
+        continue;
+      }
+      // ZIP64 sizes and offset, for those fields set to 0xffffffff (numpy writes them).
+      for (std::size_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
+        const unsigned id = u16(x), len = u16(x + 2);
+        std::size_t field = x + 4;
+        if (id == 1) {
+          if (size == 0xffffffffu) size = u64(field), field += 8;
+          if (packed == 0xffffffffu) packed = u64(field), field += 8;
+          if (local == 0xffffffffu) local = u64(field);
+        }
+        x += 4 + len;
+      }
+      if (u32(local) != 0x04034b50u) fail(origin_, "damaged zip member '" + entry + "'");
+      const std::uint64_t start = local + 30 + u16(local + 26) + u16(local + 28);
+      const unsigned char* data = bytes(start, packed);
+      if (method == 0) return {data, static_cast<std::size_t>(packed)};
+      if (method != 8) {
+        fail(origin_, "member '" + entry + "' uses compression method " + std::to_string(method) +
+                          " (stored and deflate are read)");
+      }
+      inflated.assign(static_cast<std::size_t>(size), 0);
+      z_stream z{};
+      if (inflateInit2(&z, -15) != Z_OK) fail(origin_, "zlib: cannot start inflating");
+      z.next_in = const_cast<unsigned char*>(data);
+      z.avail_in = static_cast<uInt>(packed);
+      z.next_out = inflated.data();
+      z.avail_out = static_cast<uInt>(size);
+      const int rc = inflate(&z, Z_FINISH);
+      inflateEnd(&z);
+      if (rc != Z_STREAM_END || z.total_out != size) {
+        fail(origin_, "member '" + entry + "' does not inflate to its " + std::to_string(size) +
+                          " bytes (a damaged archive)");
+      }
+      return {inflated.data(), inflated.size()};
+    }
+    fail(origin_, "no array '" + name + "' (it holds: " + (names.empty() ? "none" : names) +
+                      "; data.arrays names them)");
+  }
+
+ private:
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+  const unsigned char* bytes(std::uint64_t at, std::uint64_t n) const {
+    if (at > size_ || n > size_ - at) fail(origin_, "truncated zip archive");
+    return base_ + at;
+  }
+  std::uint64_t le(std::uint64_t at, int n) const {
+    const unsigned char* p = bytes(at, static_cast<std::uint64_t>(n));
+    std::uint64_t v = 0;
+    for (int i = n - 1; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+  }
+  unsigned u16(std::uint64_t at) const { return static_cast<unsigned>(le(at, 2)); }
+  std::uint64_t u32(std::uint64_t at) const { return le(at, 4); }
+  std::uint64_t u64(std::uint64_t at) const { return le(at, 8); }
+
+  std::string origin_;
+  const unsigned char* base_;
+  std::size_t size_;
+};
+
+// An array from a .npy file, or a member of a .npz archive (name non-empty), kept with what
+// holds its bytes.
+struct OpenArray {
+  std::unique_ptr<MappedFile> file;
+  std::vector<unsigned char> inflated;
+  std::optional<NpyArray> array;
+
+  OpenArray(const std::filesystem::path& path, const std::string& name) {
+    if (name.empty()) {
+      file = std::make_unique<MappedFile>(path, "expected .npy");
+      array.emplace(path.string(), file->data(), file->size());
+      return;
+    }
+    file = std::make_unique<MappedFile>(path, "expected .npz");
+    const auto bytes = ZipReader(path.string(), file->data(), file->size()).member(name, inflated);
+    array.emplace(path.string() + "[" + name + "]", bytes.data(), bytes.size());
+  }
 };
 
 std::int32_t label_value(const NpyArray& a, std::size_t i, std::size_t row, std::size_t column) {
@@ -200,7 +333,12 @@ std::int32_t label_value(const NpyArray& a, std::size_t i, std::size_t row, std:
 
 Dataset load_npy_dataset(const std::filesystem::path& features_path,
                          const std::filesystem::path& labels_path, const NpyOptions& options) {
-  const NpyArray x(features_path);
+  const bool npz = features_path.extension() == ".npz";
+  if (npz && !labels_path.empty()) {
+    fail(labels_path.string(), "a .npz archive names its labels array (data.arrays), not a file");
+  }
+  const OpenArray features_source(features_path, npz ? options.features_array : std::string());
+  const NpyArray& x = *features_source.array;
   const std::size_t n = x.rows();
   if (x.shape().empty() || n == 0)
     fail(x.origin(), "no rows (an array of shape (N, ...) with N > 0)");
@@ -208,9 +346,13 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
   labels.reserve(n);
   std::size_t dim = x.row_size();
   long label_column = -1;  // in x, or -1 with a labels file
-  std::optional<NpyArray> y;
-  if (!labels_path.empty()) {
-    y.emplace(labels_path);
+  std::optional<OpenArray> labels_source;
+  if (!labels_path.empty() || (npz && !options.labels_array.empty())) {
+    labels_source.emplace(npz ? features_path : labels_path,
+                          npz ? options.labels_array : std::string());
+  }
+  const NpyArray* y = labels_source ? &*labels_source->array : nullptr;
+  if (y != nullptr) {
     if (y->rows() != n || y->row_size() != 1) {
       fail(y->origin(), "expected " + std::to_string(n) + " labels (shape (" + std::to_string(n) +
                             ",)) for the " + std::to_string(n) + " rows of " + x.origin());
@@ -266,7 +408,7 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
   try {
     return Dataset(std::move(features), std::move(labels), shape, options.num_classes);
   } catch (const DataError& e) {
-    throw DataError((y ? y->origin() : x.origin()) + ": " + e.what());
+    throw DataError((y != nullptr ? y->origin() : x.origin()) + ": " + e.what());
   }
 }
 

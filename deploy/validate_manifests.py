@@ -95,7 +95,7 @@ CLIENT_KEYS = {
     "transport.chunk_kib", "transport.aead", "client.mode", "client.attack", "client.attack_scale", "client.dp_clip",
     "peer.listen", "peer.advertise", "peer.handshake_timeout_ms", "client.memory_budget",
     "data.format", "data.train", "data.test", "data.train_labels", "data.test_labels", "data.label",
-    "data.header", "data.delimiter", "data.shape", "data.scale",
+    "data.header", "data.delimiter", "data.shape", "data.scale", "data.arrays", "data.test_arrays",
 }
 # Plug-in sections (any key, checked by the plug-in at start-up).
 SERVER_SECTIONS = {"train", "aggregator", "server_optimizer", "decentralized"}

@@ -116,9 +116,9 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.log_dir = config.get_string("sim.log_dir");
   o.data.dir = config.get_string("data.dir");
   o.data.source = client::data_options_from(config);
-  for (const char* key :
-       {"data.format", "data.train", "data.test", "data.train_labels", "data.test_labels",
-        "data.label", "data.header", "data.delimiter", "data.shape", "data.scale"}) {
+  for (const char* key : {"data.format", "data.train", "data.test", "data.train_labels",
+                          "data.test_labels", "data.arrays", "data.test_arrays", "data.label",
+                          "data.header", "data.delimiter", "data.shape", "data.scale"}) {
     if (config.is_set(key)) {
       o.data.source_settings.push_back(std::string(key) + "=" + config.get_string(key));
     }

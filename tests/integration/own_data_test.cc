@@ -93,6 +93,16 @@ TEST_CASE("own CSV and NumPy files: each client trains on its own file, over TLS
   // (not the data) may move the last digit.
   CHECK(std::abs(npy - csv) <= 0.01);
 
+  // ...as .npz archives (np.savez_compressed: deflated ZIP64 members x and y)...
+  sh("cd " + d +
+     " && /usr/bin/python3 -c \"import numpy as np\nfor n in "
+     "['train-0','train-1','train-2','test']:\n"
+     "  a = np.loadtxt(n + '.csv', delimiter=',', dtype=np.float32)\n"
+     "  np.savez_compressed(n + '.npz', x=a[:, :64], y=a[:, 64].astype(np.int64))\"");
+  const double npz = federate(d, ".npz", {});
+  MESSAGE("the same as .npz: " << npz);
+  CHECK(std::abs(npz - csv) <= 0.01);
+
   // ...and as features (N, 8, 8) uint8 beside labels (N,) int64.
   sh("cd " + d +
      " && /usr/bin/python3 -c \"import numpy as np\nfor n, o in "

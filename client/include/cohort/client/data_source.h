@@ -7,6 +7,10 @@
 //   data.train, data.test                   files (.csv, .npy): both, the model is evaluated
 //                                           on data.test
 //   data.train_labels, data.test_labels     npy: labels (N,) beside features (N, ...)
+//   data.arrays = "x,y"                     npz (np.savez, compressed or not): the members
+//   data.test_arrays = ""                   holding features and labels (one name: a label
+//                                           column); test: data.arrays unless set (keras'
+//                                           mnist.npz: x_train,y_train and x_test,y_test)
 //   data.label = -1                         csv/npy: the label column, from 0 (negative: from
 //                                           the end), or (csv) its name in the header row
 //   data.header = auto | yes | no           csv: auto takes a first row of names as a header
@@ -24,6 +28,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cohort/client/csv.h"
 #include "cohort/client/idx.h"
@@ -48,6 +53,8 @@ struct DataOptions {
   std::string dir{kFashionMnistDir};  // data.dir: IDX
   DataFormat format = DataFormat::kIdx;
   std::string train, test, train_labels, test_labels;
+  // .npz: the members holding features and labels, for each file ({name}: a label column).
+  std::vector<std::string> train_arrays{"x", "y"}, test_arrays{"x", "y"};
   int label_column = -1;
   std::string label_name;  // csv: overrides label_column
   CsvHeader header = CsvHeader::kAuto;

@@ -1,5 +1,5 @@
-// NumPy .npy datasets (format versions 1 to 3, C order, little-endian or single-byte numbers:
-// float32/64, int8/16/32/64, uint8/16/32/64, bool), as Python users have them:
+// NumPy .npy datasets and .npz archives of them (format versions 1 to 3, C order, little-endian or
+// single-byte numbers: float32/64, int8/16/32/64, uint8/16/32/64, bool), as Python users have them:
 //   np.save("train.npy", np.column_stack([X, y]))   one file, the label in a column, or
 //   np.save("x.npy", X); np.save("y.npy", y)        features (N, ...) and labels (N,) apart.
 // The file is mapped, not read, and converted once into the dataset's float buffer. Every failure
@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 #include "cohort/client/dataset.h"
 
@@ -20,9 +21,14 @@ struct NpyOptions {
   // (N, H, W) -> 1 x H x W, (N, C, H, W) -> C x H x W. When set, its size must match.
   Shape shape = {0, 0, 0};
   std::size_t num_classes = 0;  // 0: max label + 1
+  // A .npz archive (np.savez, compressed or not): the members holding the features and the
+  // labels (empty: a label column in the features, as above).
+  std::string features_array = "x";
+  std::string labels_array = "y";
 };
 
-// features: (N, D) with a label column, or with `labels` (N,) or (N, 1) any (N, ...) array.
+// features: (N, D) with a label column, or with `labels` (N,) or (N, 1) any (N, ...) array; or a
+// .npz archive whose members options.features_array and options.labels_array hold them.
 Dataset load_npy_dataset(const std::filesystem::path& features,
                          const std::filesystem::path& labels = {}, const NpyOptions& options = {});
 
