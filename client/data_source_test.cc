@@ -221,6 +221,14 @@ TEST_CASE("NumPy: one array with a label column, or features and labels apart, a
   CHECK(error_of([&] {
           (void)load_npy_dataset(dir.file("empty.npy").string());
         }).starts_with(dir.file("empty.npy").string() + ": no rows"));
+  write_npy(dir.file("huge.npy").string(), "<f4", "(1152921504606846976, 3)", rows, sizeof rows);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("huge.npy").string());
+        }).find("too large to be real") != std::string::npos);
+  write_npy(dir.file("wrap.npy").string(), "<f4", "(4294967296, 4294967296)", rows, sizeof rows);
+  CHECK(error_of([&] {
+          (void)load_npy_dataset(dir.file("wrap.npy").string());
+        }).find("too large to be real") != std::string::npos);
   testing::write_text(dir.file("text.npy").string(), "1,2,3\n");
   CHECK(error_of([&] {
           (void)load_npy_dataset(dir.file("text.npy").string());

@@ -124,8 +124,13 @@ class NpyArray {
         std::size_t v = 0;
         while (i < dims.size() && std::isdigit(static_cast<unsigned char>(dims[i])) != 0) {
           v = v * 10 + static_cast<std::size_t>(dims[i++] - '0');
+          if (v > (std::size_t{1} << 48))
+            fail(origin_, "the header's shape " + dims + " is too large to be real");
         }
         shape_.push_back(v);
+        if (v != 0 && count > (std::size_t{1} << 48) / v) {
+          fail(origin_, "the header's shape " + dims + " is too large to be real");
+        }
         count *= v;
       } else {
         ++i;
