@@ -63,7 +63,9 @@ class CpuNetwork final : public Network {
         grads_(spec.parameter_count(), &memory_.gradients),
         optimizer_state_(0, &memory_.optimizer) {
     if (spec.layers().empty()) throw KernelError("network has no layers");
-    const auto layers = spec.layers();
+    // The ops point into the network's own copy of the spec, not the caller's (which may be a
+    // temporary).
+    const auto layers = this->spec().layers();
     bool nhwc = false;  // layout of the current activation
     const auto to_layout = [&](bool want, const Shape& shape) {
       if (nhwc == want) return;

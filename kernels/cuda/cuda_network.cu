@@ -55,7 +55,9 @@ class CudaNetwork final : public Network {
     DeviceGuard guard(ordinal_);
     stream_ = std::make_unique<Stream>();
     blas_ = std::make_unique<CublasHandle>(stream_->get());
-    const auto layers = spec.layers();
+    // The ops point into the network's own copy of the spec, not the caller's (which may be a
+    // temporary).
+    const auto layers = this->spec().layers();
     for (std::size_t i = 0; i < layers.size(); ++i) {
       const LayerSpec& l = layers[i];
       if (l.kind == LayerKind::kFlatten) continue;
