@@ -1,19 +1,13 @@
 #include "cohort/client/csv.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "mapped_file.h"
 
 namespace cohort::client {
 namespace {
@@ -82,41 +76,6 @@ std::size_t count_rows(std::string_view text) {
   while (lines.next(line)) rows += line.empty() ? 0 : 1;
   return rows;
 }
-
-// A read-only mapping of a whole file (pages the kernel can drop again: no copy in our heap).
-class MappedFile {
- public:
-  explicit MappedFile(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw DataError(path.string() + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      throw DataError(path.string() + ": cannot stat");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        throw DataError(path.string() + ": cannot map: " + std::strerror(errno));
-      }
-      data_ = static_cast<const char*>(p);
-      ::madvise(p, size_, MADV_SEQUENTIAL);
-    }
-    ::close(fd);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
-  }
-  [[nodiscard]] std::string_view text() const { return {data_, size_}; }
-
- private:
-  const char* data_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 }  // namespace
 
@@ -228,11 +187,7 @@ Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
 }
 
 Dataset load_csv_dataset(const std::filesystem::path& path, const CsvOptions& options) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw DataError(path.string() + ": no such file (expected a CSV file)");
-  }
-  const MappedFile file(path);
+  const detail::MappedFile file(path, "expected a CSV file");
   return parse_csv_dataset(file.text(), path.string(), options);
 }
 

@@ -1,13 +1,8 @@
 #include "cohort/client/npy.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +15,7 @@
 #include <vector>
 
 #include "cohort/core/error.h"
+#include "mapped_file.h"
 
 namespace cohort::client {
 namespace {
@@ -173,46 +169,6 @@ class NpyArray {
   std::vector<std::size_t> shape_;
 };
 
-// A read-only mapping of a whole file.
-class MappedFile {
- public:
-  explicit MappedFile(const std::filesystem::path& path, const std::string& expected)
-      : origin_(path.string()) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec))
-      fail(origin_, "no such file (" + expected + ")");
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(origin_, std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      fail(origin_, "cannot stat");
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        fail(origin_, std::string("cannot map: ") + std::strerror(errno));
-      }
-      base_ = static_cast<const unsigned char*>(p);
-    }
-    ::close(fd);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), size_);
-  }
-  [[nodiscard]] const unsigned char* data() const { return base_; }
-  [[nodiscard]] std::size_t size() const { return size_; }
-
- private:
-  std::string origin_;
-  const unsigned char* base_ = nullptr;
-  std::size_t size_ = 0;
-};
-
 // Little-endian fields of a zip archive, bounds-checked.
 class ZipReader {
  public:
@@ -309,17 +265,17 @@ class ZipReader {
 // An array from a .npy file, or a member of a .npz archive (name non-empty), kept with what
 // holds its bytes.
 struct OpenArray {
-  std::unique_ptr<MappedFile> file;
+  std::unique_ptr<detail::MappedFile> file;
   std::vector<unsigned char> inflated;
   std::optional<NpyArray> array;
 
   OpenArray(const std::filesystem::path& path, const std::string& name) {
     if (name.empty()) {
-      file = std::make_unique<MappedFile>(path, "expected .npy");
+      file = std::make_unique<detail::MappedFile>(path, "expected .npy");
       array.emplace(path.string(), file->data(), file->size());
       return;
     }
-    file = std::make_unique<MappedFile>(path, "expected .npz");
+    file = std::make_unique<detail::MappedFile>(path, "expected .npz");
     const auto bytes = ZipReader(path.string(), file->data(), file->size()).member(name, inflated);
     array.emplace(path.string() + "[" + name + "]", bytes.data(), bytes.size());
   }
