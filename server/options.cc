@@ -245,19 +245,15 @@ void set_listener_receive_queue(const Config& config, transport::EndpointOptions
 }
 
 void set_listener_receive_queue(std::int64_t queue, transport::EndpointOptions& options) {
-  // Few queued chunks per client: memory stays O(model) + O(clients), and TCP pushes back. One is
-  // best in plaintext, where the shard works on the frame ZeroMQ received, still hot in cache.
-  // Under TLS the shard opens a chunk before it can use it: with one queued, ZeroMQ stops reading
-  // the socket meanwhile, so two measured faster (docs/PERFORMANCE.md 3.4). Two pay off only
-  // while few clients stream at once: with many, the shard always has another client's chunk to
-  // work on, so past 8 connected peers each gets one (a budget of 16).
+  // One queued chunk per client: memory stays O(model) + O(clients), and TCP pushes back. In
+  // plaintext the shard works on the frame ZeroMQ received, still hot in cache; under TLS the
+  // endpoint reads one record ahead of the one it decrypts, so ZeroMQ keeps reading the socket
+  // meanwhile (docs/PERFORMANCE.md 3.4). The queue is fixed at bind (EndpointOptions).
   if (queue < 0 || queue > 65536) {
     throw ConfigError("transport.receive_queue must be from 0 (automatic) to 65536, got " +
                       std::to_string(queue));
   }
-  const bool insecure = options.security.insecure;
-  options.receive_queue = queue > 0 ? static_cast<int>(queue) : (insecure ? 1 : 2);
-  if (queue == 0 && !insecure) options.receive_budget = 16;
+  options.receive_queue = queue > 0 ? static_cast<int>(queue) : 1;
 }
 
 // [server_optimizer] as the shard's optimizer reads it: in data-parallel mode it steps on

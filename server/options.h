@@ -26,8 +26,7 @@ ConfigSection optimizer_options(const Config& config);
 transport::EndpointOptions shard_endpoint_options(const Config& config, const std::string& name);
 
 // The listening endpoint's receive queue: transport.receive_queue, or at 0 (automatic) 1 chunk per
-// client in plaintext and under TLS a budget of 16 shared out, 2 per client while at most 8 are
-// connected, then 1 (EndpointOptions::receive_budget).
+// client, fixed for the listener's life (EndpointOptions::receive_queue).
 // Throws ConfigError for a value outside 0..65536.
 void set_listener_receive_queue(const Config& config, transport::EndpointOptions& options);
 // The same from the value itself (ServerOptions::transport.receive_queue).

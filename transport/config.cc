@@ -46,8 +46,8 @@ void add_transport_config(ConfigSchema& schema, bool listener) {
            "CPU has AES-NI, else OpenSSL) | ipsec-mb | openssl; peers may differ");
   if (listener) {
     schema.add("transport.receive_queue", std::int64_t{0},
-               "chunks queued per peer before TCP pushes back (0: automatic; a shard queues 1 in "
-               "plaintext, under TLS 2 while at most 8 clients are connected, then 1)");
+               "chunks queued per peer before TCP pushes back (0: automatic, 1 per peer; "
+               "under TLS the shard also reads one chunk ahead of the one it decrypts)");
   }
 }
 

@@ -69,25 +69,7 @@ void Endpoint::Impl::read_monitor() {
   }
 }
 
-// Shares options.receive_budget out among the ROUTER's peers. A new ZMQ_RCVHWM reaches the
-// socket's existing pipes (a lowered one lets what is queued drain first), but a connection
-// that ZeroMQ accepts later gets its pipe from the listener's copy of the options, made at
-// bind: so it is set again whenever peers were added under a reduced queue.
-void Endpoint::Impl::share_receive_budget() {
-  if (!is_router || options.receive_budget <= 0) return;
-  const std::size_t peers = std::max<std::size_t>(sessions.size(), 1);
-  const auto most = static_cast<std::size_t>(std::max(1, options.receive_queue));
-  const int per_peer = static_cast<int>(
-      std::clamp<std::size_t>(static_cast<std::size_t>(options.receive_budget) / peers, 1, most));
-  const bool reduced = static_cast<std::size_t>(per_peer) < most;
-  if (per_peer == stats.receive_queue && !(reduced && peers > budget_peers)) return;
-  socket.set(zmq::sockopt::rcvhwm, per_peer);
-  stats.receive_queue = per_peer;
-  budget_peers = peers;
-}
-
 void Endpoint::Impl::sweep() {
-  share_receive_budget();  // each pass: a burst of new peers is seen before its data flows
   const auto now = Clock::now();
   if (now - last_sweep < std::chrono::seconds(1)) return;
   last_sweep = now;
@@ -203,8 +185,8 @@ void Endpoint::Impl::configure_socket() {
   socket.set(zmq::sockopt::maxmsgsize, max_frame);
   if (options.heartbeat_ms > 0) {
     if (is_router) {
-      // No ZMTP heartbeats on a ROUTER. Its peers wait behind a lowered ZMQ_RCVHWM
-      // (share_receive_budget) while it works through others' data, and a connection held
+      // No ZMTP heartbeats on a ROUTER. Its peers wait behind a short ZMQ_RCVHWM while it
+      // works through others' data, and a connection held
       // back longer than 5 heartbeats is ended by the peer (its heartbeat timeout, or its
       // kernel's TCP_USER_TIMEOUT under a zero window). libzmq 4.3.4 marks the held-back engine
       // with an I/O error when that reset arrives, and its next heartbeat timer then fails an

@@ -310,13 +310,6 @@ struct Endpoint::Impl {
 
   void read_monitor();
 
-  // Shares options.receive_budget out among the ROUTER's peers. A new ZMQ_RCVHWM reaches the
-  // socket's existing pipes (a lowered one lets what is queued drain first), but a connection
-  // that ZeroMQ accepts later gets its pipe from the listener's copy of the options, made at
-  // bind: so it is set again whenever peers were added under a reduced queue.
-  void share_receive_budget();
-  std::size_t budget_peers = 0;  // peers when the queue was last set
-
   void sweep();
 
   // Waits up to `timeout` for socket input and processes what arrives. Returns when the inbox

@@ -223,9 +223,13 @@ void Endpoint::Impl::complete_front() {
   for (auto& p : retry) process_record(p->peer, p->header, p->frames);
 }
 
+// Inline, a TLS ROUTER still reads one record ahead of the one it opens: that frees the slot of
+// its ZMQ_RCVHWM of one, so ZeroMQ reads the socket while this thread decrypts (as a queue of two
+// did, for one chunk more in all rather than one more per peer; docs/PERFORMANCE.md 3.4).
 std::size_t Endpoint::Impl::open_window() const {
   ThreadPool* pool = secure ? crypto_pool() : options.pool;
-  return pool == nullptr ? 1 : std::min(kOpenWindow, pool->size() + 1);
+  if (pool == nullptr) return secure && is_router ? 2 : 1;
+  return std::min(kOpenWindow, pool->size() + 1);
 }
 
 // The pool that seals and opens bulk frames, or none: where AES-GCM runs on vector AES units

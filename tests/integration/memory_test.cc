@@ -11,8 +11,8 @@ TEST_CASE("a shard's peak RSS stays under 3x the model plus a fixed overhead whi
   // cohort-bench-ps starts a real cohort-server (TLS) with a 10.1M-parameter model (40 MB) and 50
   // client processes that each push one full update into the same round, then reads the shard's
   // VmHWM. The shard keeps its parameters (1x) and FedAvg's fp64 running sum (2x); ZeroMQ queues
-  // one 1 MiB chunk per client before TCP pushes back (transport.receive_queue: under TLS two while
-  // at most 8 clients are connected; two each for these 50 peaked at 241 MiB, one at 190).
+  // one 1 MiB chunk per client before TCP pushes back (transport.receive_queue; two each for these
+  // 50 peaked at 241 MiB, one at 190).
 #if defined(__SANITIZE_ADDRESS__)
   // The bound is not checked under ASan (below); 10 clients still push into one round, and 50
   // instrumented processes of 40 MB each took minutes on CI's 2 cores.

@@ -85,15 +85,14 @@ struct EndpointOptions {
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds send_timeout{30000};  // blocked longer than this: TimeoutError
   std::chrono::milliseconds transfer_timeout{
-      60000};                // a half-received payload with no chunk for this long is dropped
-  int heartbeat_ms = 1000;   // ZMTP heartbeats; peer dead after 5x
-  int receive_queue = 4096;  // records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory
-  // ROUTER: records queued inside ZeroMQ across all peers, shared out as budget / peers per peer,
-  // from 1 to receive_queue, as peers connect and their sessions expire (0: receive_queue for
-  // every peer). A deep queue helps one client streaming alone; with many, each waits its turn
-  // anyway and the queues are only memory (50 clients of a shard: 2 queued 1 MiB chunks each
-  // under TLS peaked 50 MiB above 1).
-  int receive_budget = 0;
+      60000};               // a half-received payload with no chunk for this long is dropped
+  int heartbeat_ms = 1000;  // ZMTP heartbeats; peer dead after 5x
+  // Records queued per peer inside ZeroMQ (ZMQ_RCVHWM); bounds memory. Fixed for the endpoint's
+  // life: libzmq 4.3.4 tells every pipe's peer of a changed HWM without checking that the peer
+  // still exists, and a ROUTER whose queue changed while a peer's connection was closing crashed
+  // in its I/O thread (a freed pipe). A TLS ROUTER that opens records inline reads one record
+  // ahead of the one it opens, so one queued per peer keeps the socket busy while it decrypts.
+  int receive_queue = 4096;
   // Multiplexed connections, for plaintext inproc:// only (a ConfigError elsewhere): one socket
   // speaks for many virtual nodes of this process (cohort-sim's fleet). DEALER: send() keeps a
   // non-empty envelope.sender the caller set instead of node_id. ROUTER: each peer handle names
@@ -133,7 +132,7 @@ struct EndpointStats {
   std::uint64_t dropped_auth = 0;    // records that failed authentication (tampered)
   std::uint64_t dropped_replay = 0;  // replayed or too old
   std::uint64_t dropped_malformed = 0;
-  int receive_queue = 0;  // records ZeroMQ queues per peer now (ZMQ_RCVHWM; see receive_budget)
+  int receive_queue = 0;  // records ZeroMQ queues per peer (ZMQ_RCVHWM; EndpointOptions)
 };
 
 class Endpoint {
