@@ -105,7 +105,8 @@ std::vector<std::string_view> split_on(std::string_view text, char sep) {
 }
 
 // "net:INPUT,LAYER,LAYER,...": INPUT is CxHxW or a width D (D x 1 x 1); each LAYER is one of
-// conv:OUT:K[:STRIDE[:PAD]], maxpool:K[:STRIDE], linear:OUT, relu, flatten, dropout:P. Input
+// conv:OUT:K[:STRIDE[:PAD]], maxpool:K[:STRIDE], linear:OUT, relu, tanh, sigmoid, gelu, flatten,
+// dropout:P. Input
 // channels and widths follow from the layer before; a linear layer after a CxHxW output reads it
 // flattened.
 NetworkSpec make_net(std::string_view spec, std::string_view body, const ModelOptions& options) {
@@ -157,6 +158,15 @@ NetworkSpec make_net(std::string_view spec, std::string_view body, const ModelOp
       } else if (kind == "relu") {
         arity(0, 0);
         net.relu();
+      } else if (kind == "tanh") {
+        arity(0, 0);
+        net.tanh();
+      } else if (kind == "sigmoid") {
+        arity(0, 0);
+        net.sigmoid();
+      } else if (kind == "gelu") {
+        arity(0, 0);
+        net.gelu();
       } else if (kind == "flatten") {
         arity(0, 0);
         net.flatten();
@@ -170,7 +180,9 @@ NetworkSpec make_net(std::string_view spec, std::string_view body, const ModelOp
         }
         net.dropout(static_cast<float>(p));
       } else {
-        bad_spec(spec, where + ": unknown layer (conv, maxpool, linear, relu, flatten, dropout)");
+        bad_spec(spec, where +
+                           ": unknown layer (conv, maxpool, linear, relu, tanh, sigmoid, gelu, "
+                           "flatten, dropout)");
       }
     } catch (const KernelError& e) {
       bad_spec(spec, where + ": " + e.what());

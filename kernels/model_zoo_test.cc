@@ -79,6 +79,14 @@ TEST_CASE("net: your own network from a layer list equals the zoo's, and trains"
   CHECK(mlp.input_shape() == Shape{784, 1, 1});
   CHECK(mlp.output_size() == 10);
   CHECK(make_network_spec("net:3x8x8,conv:4:3:2:1,relu,maxpool:2:1,linear:5").output_size() == 5);
+  // The smooth activations, by name.
+  const auto smooth = make_network_spec(
+      "net:1x6x6,conv:3:3:1:1,gelu,maxpool:2,linear:8,tanh,linear:4,sigmoid,linear:2");
+  std::vector<std::string> kinds;
+  for (const auto& l : smooth.layers()) kinds.emplace_back(to_string(l.kind));
+  CHECK(kinds == std::vector<std::string>{"conv2d", "gelu", "maxpool2d", "flatten", "linear",
+                                          "tanh", "linear", "sigmoid", "linear"});
+  CHECK_THROWS_AS(make_network_spec("net:4,tanh:2,linear:2"), ConfigError);
   // One layer per line, as a TOML multi-line string holds it.
   CHECK(make_network_spec("net:784,\n  linear:256, relu,\n  linear:10\n").parameter_count() ==
         make_network_spec("mlp:784-256-10").parameter_count());

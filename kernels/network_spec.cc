@@ -38,6 +38,9 @@ std::string_view to_string(LayerKind kind) {
     case LayerKind::kMaxPool2d: return "maxpool2d";
     case LayerKind::kFlatten: return "flatten";
     case LayerKind::kDropout: return "dropout";
+    case LayerKind::kTanh: return "tanh";
+    case LayerKind::kSigmoid: return "sigmoid";
+    case LayerKind::kGelu: return "gelu";
   }
   return "unknown";
 }
@@ -80,6 +83,21 @@ NetworkSpec& NetworkSpec::linear(std::size_t in, std::size_t out) {
 NetworkSpec& NetworkSpec::relu() {
   const Shape input = output_shape();
   return push({.kind = LayerKind::kRelu, .input = input, .output = input});
+}
+
+NetworkSpec& NetworkSpec::tanh() {
+  const Shape input = output_shape();
+  return push({.kind = LayerKind::kTanh, .input = input, .output = input});
+}
+
+NetworkSpec& NetworkSpec::sigmoid() {
+  const Shape input = output_shape();
+  return push({.kind = LayerKind::kSigmoid, .input = input, .output = input});
+}
+
+NetworkSpec& NetworkSpec::gelu() {
+  const Shape input = output_shape();
+  return push({.kind = LayerKind::kGelu, .input = input, .output = input});
 }
 
 NetworkSpec& NetworkSpec::conv2d(std::size_t in_channels, std::size_t out_channels,

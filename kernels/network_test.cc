@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "cohort/core/error.h"
@@ -16,8 +17,16 @@ namespace {
 
 NetworkSpec lenet_like() {
   NetworkSpec spec(Shape{1, 12, 12});
-  spec.conv2d(1, 4, 3, 1, 1).relu().maxpool2d(2).conv2d(4, 6, 3, 2, 0).relu().flatten()
-      .dropout(0.25f).linear(6 * 2 * 2, 8).relu().linear(8, 3);
+  spec.conv2d(1, 4, 3, 1, 1)
+      .relu()
+      .maxpool2d(2)
+      .conv2d(4, 6, 3, 2, 0)
+      .relu()
+      .flatten()
+      .dropout(0.25f)
+      .linear(6 * 2 * 2, 8)
+      .relu()
+      .linear(8, 3);
   return spec;
 }
 
@@ -143,6 +152,68 @@ TEST_CASE("network gradients match finite differences through every layer kind")
   }
 }
 
+TEST_CASE("tanh, sigmoid and GELU: values and gradients match finite differences") {
+  // Smooth layers, so a tight check: h = 1e-2 in double-checked central differences, on every
+  // parameter, through each activation after a convolution (NHWC and NCHW paths) and after
+  // linear layers; the input gradient of each activation is what reaches the layers before it.
+  for (const char* first : {"gelu", "tanh", "sigmoid"}) {
+    CAPTURE(first);
+    NetworkSpec spec(Shape{2, 6, 6});
+    spec.conv2d(2, 3, 3, 1, 1);
+    if (std::string_view(first) == "gelu") spec.gelu();
+    if (std::string_view(first) == "tanh") spec.tanh();
+    if (std::string_view(first) == "sigmoid") spec.sigmoid();
+    spec.maxpool2d(2)
+        .flatten()
+        .linear(3 * 3 * 3, 7)
+        .tanh()
+        .linear(7, 5)
+        .sigmoid()
+        .linear(5, 6)
+        .gelu()
+        .linear(6, 3);
+    auto device = make_device("cpu", {.threads = 1});
+    auto net = device->make_network(spec);
+    net->init(11);
+    const std::size_t batch = 3;
+    const auto x = random_vector(batch * spec.input_shape().size(), 4);
+    const std::vector<std::int32_t> y{2, 0, 1};
+    std::vector<float> dlogits(batch * 3);
+    const auto logits = net->forward(x, batch, true);
+    softmax_cross_entropy(logits, y, 3, dlogits);
+    net->backward(dlogits);
+    const std::vector<float> grads(net->gradients().begin(), net->gradients().end());
+    auto params = net->parameters();
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const float saved = params[j];
+      const float h = 1e-2f;
+      params[j] = saved + h;
+      const double up = pinned_loss(*net, x, y);
+      params[j] = saved - h;
+      const double down = pinned_loss(*net, x, y);
+      params[j] = saved;
+      const double numeric = (up - down) / (2 * h);
+      if (std::abs(numeric - grads[j]) > 5e-4 + 2e-2 * std::abs(grads[j])) {
+        if (++bad <= 5)
+          MESSAGE("param " << j << " numeric " << numeric << " analytic " << grads[j]);
+      }
+    }
+    CHECK(params.size() > 150);
+    CHECK(bad == 0);
+  }
+  // The values themselves, against the definitions.
+  NetworkSpec one(Shape{4, 1, 1});
+  one.gelu();
+  auto device = make_device("cpu");
+  const std::vector<float> in{-2.0f, -0.5f, 0.0f, 1.5f};
+  const std::vector<float> want{-0.0455003f, -0.1542687f, 0.0f, 1.3997946f};  // x * Phi(x)
+  auto gelu = device->make_network(NetworkSpec(one));
+  const auto out = gelu->forward(in, 1, false);
+  for (std::size_t i = 0; i < in.size(); ++i)
+    CHECK(out[i] == doctest::Approx(want[i]).epsilon(1e-5));
+}
+
 TEST_CASE("training on two threads matches one thread") {
   const NetworkSpec spec = lenet_like();
   auto d1 = make_device("cpu", {.threads = 1});
@@ -150,7 +221,8 @@ TEST_CASE("training on two threads matches one thread") {
   auto n1 = d1->make_network(spec), n2 = d2->make_network(spec);
   for (auto* n : {n1.get(), n2.get()}) {
     n->init(1);
-    n->set_optimizer({.kind = OptimizerKind::kAdamW, .learning_rate = 0.01f, .weight_decay = 0.01f});
+    n->set_optimizer(
+        {.kind = OptimizerKind::kAdamW, .learning_rate = 0.01f, .weight_decay = 0.01f});
   }
   const auto x = random_vector(16 * 144, 4);
   std::vector<std::int32_t> y(16);
@@ -160,7 +232,8 @@ TEST_CASE("training on two threads matches one thread") {
     CHECK(l1 == doctest::Approx(l2).epsilon(1e-5));
   }
   const auto p1 = n1->parameters(), p2 = n2->parameters();
-  for (std::size_t j = 0; j < p1.size(); ++j) REQUIRE(p1[j] == doctest::Approx(p2[j]).epsilon(1e-4));
+  for (std::size_t j = 0; j < p1.size(); ++j)
+    REQUIRE(p1[j] == doctest::Approx(p2[j]).epsilon(1e-4));
 }
 
 TEST_CASE("an MLP learns a tiny problem; parameters can be replaced wholesale") {
@@ -224,7 +297,8 @@ TEST_CASE("dropout masks depend on the seed and the step, and evaluation skips t
   auto net = device->make_network(spec);
   net->init(1);
   const std::vector<float> x(64, 1.0f);
-  const auto first = std::vector<float>(net->forward(x, 1, true).begin(), net->forward(x, 1, true).end());
+  const auto first =
+      std::vector<float>(net->forward(x, 1, true).begin(), net->forward(x, 1, true).end());
   net->set_seed(1);
   const auto a = net->forward(x, 1, true);
   const std::vector<float> step0(a.begin(), a.end());

@@ -109,6 +109,9 @@ class CpuNetwork final : public Network {
         case LayerKind::kLinear:
         case LayerKind::kDropout: to_layout(false, l.input); break;
         case LayerKind::kRelu:
+        case LayerKind::kTanh:
+        case LayerKind::kSigmoid:
+        case LayerKind::kGelu:
         case LayerKind::kFlatten: break;
       }
       op.nhwc = nhwc;
@@ -291,6 +294,11 @@ class CpuNetwork final : public Network {
       case LayerKind::kRelu:
         if (want_dx != nullptr) relu_backward(y, dy, want_dx, n * op.out_size);
         break;
+      case LayerKind::kTanh:
+      case LayerKind::kSigmoid:
+      case LayerKind::kGelu:
+        if (want_dx != nullptr) activation_backward(l.kind, x, y, dy, want_dx, n * op.out_size);
+        break;
       case LayerKind::kMaxPool2d:
         if (want_dx == nullptr) break;
         if (op.nhwc) {
@@ -427,6 +435,9 @@ class CpuNetwork final : public Network {
         }
         break;
       case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size); break;
+      case LayerKind::kTanh:
+      case LayerKind::kSigmoid:
+      case LayerKind::kGelu: activation_forward(l.kind, x, y, batch * op.out_size); break;
       case LayerKind::kMaxPool2d:
         if (op.nhwc) {
           maxpool2d_forward_nhwc(exec_, x, y, argmax(i), batch, op.pool);

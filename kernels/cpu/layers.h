@@ -76,6 +76,12 @@ void relu_forward(const float* x, float* y, std::size_t count);
 // dx = dy * (y > 0); dx may alias dy.
 void relu_backward(const float* y, const float* dy, float* dx, std::size_t count);
 
+// kind: kTanh, kSigmoid or kGelu (LayerKind); y = f(x), elementwise.
+void activation_forward(LayerKind kind, const float* x, float* y, std::size_t count);
+// dx = dy * f'(x): tanh and sigmoid read their output y, GELU its input x. dx may alias dy.
+void activation_backward(LayerKind kind, const float* x, const float* y, const float* dy, float* dx,
+                         std::size_t count);
+
 // im2col + GEMM over chunks of samples.
 void conv2d_forward(Exec& exec, const float* x, const float* w, const float* b, float* y,
                     std::size_t n, const ConvGeometry& g, bool relu);

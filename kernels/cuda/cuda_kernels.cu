@@ -62,6 +62,36 @@ __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
   COHORT_GRID_STRIDE(i, count) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 }
 
+__global__ void activation_forward_kernel(Activation a, const float* x, float* y,
+                                          std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) {
+    const float v = x[i];
+    switch (a) {
+      case Activation::kTanh: y[i] = tanhf(v); break;
+      case Activation::kSigmoid: y[i] = 1.0f / (1.0f + expf(-v)); break;
+      case Activation::kGelu: y[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;
+    }
+  }
+}
+
+__global__ void activation_backward_kernel(Activation a, const float* x, const float* y,
+                                           const float* dy, float* dx, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) {
+    float d = 0.0f;
+    switch (a) {
+      case Activation::kTanh: d = 1.0f - y[i] * y[i]; break;
+      case Activation::kSigmoid: d = y[i] * (1.0f - y[i]); break;
+      case Activation::kGelu: {
+        const float v = x[i];
+        d = 0.5f * (1.0f + erff(v * 0.70710678118654752f)) +
+            v * 0.39894228040143268f * expf(-0.5f * v * v);
+        break;
+      }
+    }
+    dx[i] = dy[i] * d;
+  }
+}
+
 __global__ void im2col_kernel(const float* x, float* cols, int n, ConvShape g) {
   const std::size_t ld = static_cast<std::size_t>(n) * g.positions();
   const std::size_t count = static_cast<std::size_t>(g.patch()) * ld;
@@ -273,6 +303,17 @@ void relu_forward(const float* x, float* y, std::size_t count, cudaStream_t s) {
 
 void relu_backward(const float* y, const float* dy, float* dx, std::size_t count, cudaStream_t s) {
   relu_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, dy, dx, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void activation_forward(Activation a, const float* x, float* y, std::size_t count, cudaStream_t s) {
+  activation_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(a, x, y, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                         std::size_t count, cudaStream_t s) {
+  activation_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(a, x, y, dy, dx, count);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

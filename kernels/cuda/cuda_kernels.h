@@ -29,6 +29,12 @@ void row_sums(const float* g, float* db, int rows, int cols, bool accumulate, cu
 void relu_forward(const float* x, float* y, std::size_t count, cudaStream_t s);
 // dx = dy * (y > 0); dx may alias dy.
 void relu_backward(const float* y, const float* dy, float* dx, std::size_t count, cudaStream_t s);
+// The elementwise activations of LayerKind kTanh, kSigmoid and kGelu (exact, x * Phi(x)).
+enum class Activation { kTanh, kSigmoid, kGelu };
+void activation_forward(Activation a, const float* x, float* y, std::size_t count, cudaStream_t s);
+// dx = dy * f'(x): tanh and sigmoid read their output y, GELU its input x. dx may alias dy.
+void activation_backward(Activation a, const float* x, const float* y, const float* dy, float* dx,
+                         std::size_t count, cudaStream_t s);
 
 // cols[(c,ky,kx)][(n,oy,ox)] for samples [0, n) of x (NCHW).
 void im2col(const float* x, float* cols, int n, const ConvShape& g, cudaStream_t s);

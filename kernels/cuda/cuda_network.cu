@@ -28,6 +28,15 @@ int to_int(std::size_t v) {
   return static_cast<int>(v);
 }
 
+Activation activation_of(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kTanh: return Activation::kTanh;
+    case LayerKind::kSigmoid: return Activation::kSigmoid;
+    case LayerKind::kGelu: return Activation::kGelu;
+    default: throw KernelError("CUDA backend: not an elementwise activation");
+  }
+}
+
 // Row-major C[m, n] = op(A)[m, k] * op(B)[k, n] + beta * C, where lda/ldb/ldc are the row strides
 // of the stored matrices. cuBLAS is column-major, so compute C^T = op(B)^T op(A)^T.
 void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
@@ -411,6 +420,11 @@ class CudaNetwork final : public Network {
           break;
         case LayerKind::kConv2d: conv_forward(op, x, w, b, y, batch); break;
         case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size, s); break;
+        case LayerKind::kTanh:
+        case LayerKind::kSigmoid:
+        case LayerKind::kGelu:
+          activation_forward(activation_of(l.kind), x, y, batch * op.out_size, s);
+          break;
         case LayerKind::kMaxPool2d: maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s); break;
         case LayerKind::kDropout:
           if (training && l.drop_probability > 0.0f) {
@@ -504,6 +518,12 @@ class CudaNetwork final : public Network {
           break;
         case LayerKind::kRelu:
           if (want_dx != nullptr) relu_backward(y, dy, want_dx, count, s);
+          break;
+        case LayerKind::kTanh:
+        case LayerKind::kSigmoid:
+        case LayerKind::kGelu:
+          if (want_dx != nullptr)
+            activation_backward(activation_of(l.kind), x, y, dy, want_dx, count, s);
           break;
         case LayerKind::kMaxPool2d:
           if (want_dx != nullptr) maxpool_backward(dy, argmax_[i].data(), want_dx, n, op.pool, s);

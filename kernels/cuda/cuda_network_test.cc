@@ -70,12 +70,27 @@ NetworkSpec mlp() {
   return spec;
 }
 
+// Every elementwise activation: GELU after a convolution, tanh and sigmoid after linear layers.
+NetworkSpec smooth_net() {
+  NetworkSpec spec(Shape{2, 9, 9});
+  spec.conv2d(2, 4, 3, 1, 1)
+      .gelu()
+      .maxpool2d(2)
+      .flatten()
+      .linear(4 * 4 * 4, 12)
+      .tanh()
+      .linear(12, 8)
+      .sigmoid()
+      .linear(8, 3);
+  return spec;
+}
+
 TEST_CASE("cuda forward, backward and evaluate match the CPU") {
   if (!have_cuda()) return;
   auto cpu = make_device("cpu");
   auto gpu = make_device("cuda:0");
   MESSAGE(gpu->description());
-  for (const NetworkSpec& spec : {conv_net(), mlp()}) {
+  for (const NetworkSpec& spec : {conv_net(), mlp(), smooth_net()}) {
     auto a = cpu->make_network(spec), b = gpu->make_network(spec);
     CHECK(b->device_name() == "cuda:0");
     a->init(3);

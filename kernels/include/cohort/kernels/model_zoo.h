@@ -16,7 +16,8 @@
 //   net:INPUT,LAYER,...     your own network: INPUT is CxHxW (or a width D), each LAYER one of
 //                           conv:OUT:K[:STRIDE[:PAD]] (stride 1, pad 0 by default),
 //                           maxpool:K[:STRIDE], linear:OUT (flattens a CxHxW input), relu,
-//                           flatten, dropout:P; input channels and widths follow from the
+//                           tanh, sigmoid, gelu (exact), flatten, dropout:P; input channels
+//                           and widths follow from the
 //                           layer before, e.g.
 //                           net:1x28x28,conv:16:3:1:1,relu,maxpool:2,linear:64,relu,linear:10
 //                           (white space around the commas is ignored: a TOML multi-line

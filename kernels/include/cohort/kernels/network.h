@@ -36,9 +36,19 @@ struct Shape {
 // "CxHxW", e.g. "1x28x28".
 std::string to_string(const Shape& shape);
 
-enum class LayerKind { kLinear, kRelu, kConv2d, kMaxPool2d, kFlatten, kDropout };
+enum class LayerKind {
+  kLinear,
+  kRelu,
+  kConv2d,
+  kMaxPool2d,
+  kFlatten,
+  kDropout,
+  kTanh,
+  kSigmoid,
+  kGelu
+};
 
-// "linear", "relu", "conv2d", "maxpool2d", "flatten", "dropout".
+// "linear", "relu", "conv2d", "maxpool2d", "flatten", "dropout", "tanh", "sigmoid", "gelu".
 std::string_view to_string(LayerKind kind);
 
 // One layer of a NetworkSpec, with its shapes and its place in the parameter vector resolved.
@@ -78,6 +88,11 @@ class NetworkSpec {
   // after flatten()). Output {out, 1, 1}.
   NetworkSpec& linear(std::size_t in, std::size_t out);
   NetworkSpec& relu();
+  // Elementwise activations, shape unchanged: tanh, the logistic sigmoid 1 / (1 + e^-x), and
+  // GELU in its exact form x * Phi(x) (PyTorch's default, approximate='none').
+  NetworkSpec& tanh();
+  NetworkSpec& sigmoid();
+  NetworkSpec& gelu();
   // REQUIRES in_channels == current channels and the (padded) input at least kernel wide.
   // Output side = (side + 2 * padding - kernel) / stride + 1.
   NetworkSpec& conv2d(std::size_t in_channels, std::size_t out_channels, std::size_t kernel,
