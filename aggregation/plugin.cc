@@ -25,7 +25,7 @@ std::string last_dlerror() {
 
 }  // namespace
 
-void load_plugin(const std::filesystem::path& file, Registries& registries) {
+void* plugin_entry(const std::filesystem::path& file, const char* entry, const char* how) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) {
     fail(file, std::filesystem::exists(file, ec) ? "not a regular file" : "no such file");
@@ -50,12 +50,16 @@ void load_plugin(const std::filesystem::path& file, Registries& registries) {
     fail(file, "built for plug-in ABI " + std::to_string(version) + ", this program has ABI " +
                    std::to_string(kPluginAbi) + "; rebuild the plug-in against this Cohort");
   }
-  auto* register_fn = reinterpret_cast<RegisterFn>(dlsym(handle, "cohort_register"));
-  if (register_fn == nullptr) {
-    fail(file,
-         "no entry symbol cohort_register (a plug-in defines extern \"C\" void "
-         "cohort_register(cohort::Registries&); see cohort/aggregation/plugin.h)");
-  }
+  void* fn = dlsym(handle, entry);
+  if (fn == nullptr) fail(file, std::string("no entry symbol ") + entry + " (" + how + ")");
+  return fn;
+}
+
+void load_plugin(const std::filesystem::path& file, Registries& registries) {
+  auto* register_fn = reinterpret_cast<RegisterFn>(
+      plugin_entry(file, "cohort_register",
+                   "a plug-in defines extern \"C\" void cohort_register(cohort::Registries&); see "
+                   "cohort/aggregation/plugin.h"));
   try {
     register_fn(registries);
   } catch (const std::exception& e) {

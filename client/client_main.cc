@@ -1,7 +1,10 @@
 // cohort-client: a federated client that trains on its own data partition.
 #include <csignal>
 #include <cstdio>
+#include <string>
+#include <vector>
 
+#include "cohort/client/local_training.h"
 #include "cohort/client/participant.h"
 #include "cohort/client/peer.h"
 #include "cohort/core/cli.h"
@@ -53,6 +56,11 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "node id, the certificate's CN (client.name)");
   app.add_flag("--insecure", insecure, "plaintext transport (tls.insecure)");
   app.add_option("--mode", mode, "federated or decentralized (client.mode)");
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins,
+                 "load local training rules from this shared object (repeatable): it defines "
+                 "cohort_plugin_abi() and cohort_register_client(); the coordinator's train.rule "
+                 "picks one by name (cohort/client/local_training.h, examples/custom_trainer)");
   bool plan = false;
   std::string plan_model = "mlp:784-256-128-10", plan_optimizer = "sgd";
   std::size_t plan_batch = 64;
@@ -98,13 +106,20 @@ int main(int argc, char** argv) {
     const std::string m = config.get_string("client.mode");
     // The edge: the Config becomes typed, checked options here and nowhere else.
     if (m == "decentralized") {
+      if (!plugins.empty()) {
+        throw cohort::ConfigError(
+            "--plugin: local training rules run in federated mode only (client.mode = "
+            "decentralized trains with the stock rule)");
+      }
       return cohort::client::run_peer(cohort::client::peer_options_from(config), g_stop);
     }
     if (m != "federated") {
       throw cohort::ConfigError("client.mode must be federated or decentralized, got '" + m + "'");
     }
-    return cohort::client::run_participant(cohort::client::participant_options_from(config),
-                                           g_stop);
+    auto rules = cohort::client::builtin_local_training();
+    for (const std::string& plugin : plugins) cohort::client::load_client_plugin(plugin, rules);
+    return cohort::client::run_participant(cohort::client::participant_options_from(config), g_stop,
+                                           rules);
   } catch (const cohort::Error& e) {
     std::fprintf(stderr, "cohort-client: %s\n", e.what());
     return 1;

@@ -14,6 +14,7 @@
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/registries.h"
 #include "cohort/client/idx.h"
+#include "cohort/client/local_training.h"
 #include "cohort/client/local_work.h"
 #include "cohort/client/partition.h"
 #include "cohort/client/push_encoding.h"
@@ -44,8 +45,9 @@ class Participant {
  public:
   // The device and the compressor are made here, before joining: "cuda:0" without a GPU, "gpu7"
   // or a compressor shards cannot decode stops the client before it registers.
-  Participant(ParticipantOptions options, const std::atomic<bool>& stop)
-      : options_(std::move(options)), stop_(stop) {
+  Participant(ParticipantOptions options, const std::atomic<bool>& stop,
+              const LocalTrainingRegistry& rules)
+      : options_(std::move(options)), stop_(stop), rules_(rules) {
     device_ = kernels::make_device(options_.device, {.threads = options_.threads});
     const auto& section = options_.compressor;
     compressor_ =
@@ -247,7 +249,9 @@ class Participant {
       net_ = device_->make_network(spec);
       net_->init(options_.data_seed);
       plan_memory(w.model_spec);
-      trainer_.emplace(*net_, options_train_);
+      trainer_.emplace(*net_, options_train_);  // evaluation
+      // The coordinator's train.rule: a rule this client does not have stops it here, naming it.
+      rule_ = rules_.make(options_train_.rule, *net_, options_train_);
       global_ = FloatBuffer(spec.parameter_count());
       delta_ = FloatBuffer(spec.parameter_count());
     }
@@ -336,7 +340,17 @@ class Participant {
         options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
     // RoundStart.local_steps > 0: exactly that many steps (server.work = deadline sizes it per
     // client); 0: train.epochs / train.steps as configured.
-    const auto result = trainer_->train(train_, indices_, seed, 0, rs.local_steps);
+    const auto result = rule_->train({.data = train_,
+                                      .rows = indices_,
+                                      .seed = seed,
+                                      .steps = rs.local_steps,
+                                      .round = rs.round});
+    if (rs.local_steps > 0 && result.steps != rs.local_steps) {
+      throw DataError("train.rule '" + options_train_.rule + "' took " +
+                      std::to_string(result.steps) + " steps where round " +
+                      std::to_string(rs.round) + " asked for " + std::to_string(rs.local_steps) +
+                      " (server.work sizes each client's steps)");
+    }
     const auto t_trained = Clock::now();
     report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
     report.local_steps = static_cast<std::uint32_t>(result.steps);
@@ -550,7 +564,9 @@ class Participant {
   std::unique_ptr<kernels::Device> device_;
   kernels::NetworkSpec spec_;  // outlives net_, which refers to it
   std::unique_ptr<kernels::Network> net_;
-  std::optional<LocalTrainer> trainer_;
+  std::optional<LocalTrainer> trainer_;  // evaluates
+  const LocalTrainingRegistry& rules_;
+  std::unique_ptr<LocalTraining> rule_;  // trains: train.rule
   FloatBuffer global_, delta_;
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
   std::vector<std::unique_ptr<aggregation::PushEncoder>>
@@ -632,8 +648,9 @@ std::vector<std::uint32_t> dataparallel_rows(std::span<const std::uint32_t> indi
   return rows;
 }
 
-int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop) {
-  Participant p(options, stop);
+int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop,
+                    const LocalTrainingRegistry& rules) {
+  Participant p(options, stop, rules);
   return p.run();
 }
 

@@ -111,6 +111,10 @@ LrSchedule parse_lr_schedule(std::string_view spec) {
 void validate(const TrainerOptions& options) {
   if (options.batch_size == 0) throw ConfigError("trainer: batch_size must be >= 1");
   if (options.eval_batch_size == 0) throw ConfigError("trainer: eval_batch_size must be >= 1");
+  if (options.rule.empty() || options.rule.front() == ':') {
+    throw ConfigError("trainer: rule must name a local training rule (e.g. stock), got '" +
+                      options.rule + "'");
+  }
   if (options.epochs == 0 && options.steps == 0) {
     throw ConfigError("trainer: set epochs >= 1 or steps >= 1");
   }
@@ -132,7 +136,7 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
       "beta1",           "beta2",     "epsilon",
       "lr_schedule",     "prox_mu",   "reset_optimizer_state",
       "eval_batch_size", "device",    "threads",
-      "memory_budget"};
+      "memory_budget",   "rule"};
   section.require_known(kKnown);
   TrainerOptions o;
   o.batch_size = non_negative(section, "batch_size", o.batch_size);
@@ -154,6 +158,7 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
   o.schedule = parse_lr_schedule(section.get_string("lr_schedule", "constant"));
   o.prox_mu = section.get_double("prox_mu", o.prox_mu);
   o.reset_optimizer_state = section.get_bool("reset_optimizer_state", o.reset_optimizer_state);
+  o.rule = section.get_string("rule", o.rule);
   validate(o);
   return o;
 }
@@ -183,6 +188,9 @@ void declare_trainer_options(ConfigSchema& schema, std::string_view prefix) {
       .add(p + "reset_optimizer_state", d.reset_optimizer_state,
            "zero optimizer state at the start of each local training")
       .add(p + "eval_batch_size", i64(d.eval_batch_size), "batch size for evaluation")
+      .add(p + "rule", d.rule,
+           "local training rule: stock, or NAME[:ARGUMENT] of one a plug-in adds (--plugin; "
+           "cohort/client/local_training.h)")
       .add(p + "memory_budget", i64(d.memory_budget),
            "training memory budget in bytes (0: none): micro-batches with accumulation keep "
            "batch_size the effective batch; refused with the minimum when nothing fits");

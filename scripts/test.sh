@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the build needs, builds Cohort (Release, CUDA when nvcc is found), runs every test
-# with CTest, installs it and runs examples/custom_aggregator against the installed package, then
+# with CTest, installs it and runs examples/custom_aggregator and examples/custom_trainer against
+# the installed package, then
 # runs the suite again under AddressSanitizer + UBSan, the transport and server tests under
 # ThreadSanitizer, and the libFuzzer targets (corpus replay plus a short fuzz of each).
 # Usage: ./scripts/test.sh            (what CI runs)
@@ -18,10 +19,12 @@ ctest --test-dir build --output-on-failure --timeout 600 -j 1
 
 # The installed package as a user meets it: cmake --install into build/install, then
 # examples/custom_aggregator (its own CMake project, find_package(Cohort)) built against it in
-# build/custom_aggregator, and a short federation with its rule as a plug-in and embedded.
-rm -rf build/install build/custom_aggregator
+# build/custom_aggregator, and a short federation with its rule as a plug-in and embedded; then
+# examples/custom_trainer (a local training rule as a plug-in of cohort-client and cohort-sim).
+rm -rf build/install build/custom_aggregator build/custom_trainer
 cmake --install build --prefix build/install
 examples/custom_aggregator/run.sh --prefix build/install --build build/custom_aggregator
+examples/custom_trainer/run.sh --prefix build/install --build build/custom_trainer
 
 if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # The test suite again under AddressSanitizer + UBSan: every unit, integration, process and

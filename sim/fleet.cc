@@ -71,8 +71,10 @@ using transport::Message;
 
 Fleet::Fleet(const SimOptions& options, transport::Context& ctx,
              const std::vector<std::string>& urls, const std::atomic<bool>& stop,
-             const std::function<bool()>& shards_failed, FleetMemory memory)
+             const std::function<bool()>& shards_failed, const client::LocalTrainingRegistry& rules,
+             FleetMemory memory)
     : sim_(options),
+      rules_(rules),
       ctx_(ctx),
       urls_(urls),
       stop_(stop),
@@ -287,6 +289,7 @@ void Fleet::setup_model(const transport::Welcome& w) {
     slot->net = device_->make_network(spec_);
     slot->net->init(sim_.data.seed);
     slot->trainer.emplace(*slot->net, options_);
+    slot->rule = rules_.make(options_.rule, *slot->net, options_);
     free_slots_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }

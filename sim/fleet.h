@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cohort/client/dataset.h"
+#include "cohort/client/local_training.h"
 #include "cohort/client/partition.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/buffer.h"
@@ -37,7 +38,8 @@ namespace cohort::sim {
 // A training thread's network and trainer; the fleet keeps one per thread.
 struct Slot {
   std::unique_ptr<kernels::Network> net;
-  std::optional<client::LocalTrainer> trainer;
+  std::optional<client::LocalTrainer> trainer;  // evaluates
+  std::unique_ptr<client::LocalTraining> rule;  // trains: train.rule
 };
 
 // Speaks for options.clients virtual clients to the shards at `urls` until the coordinator says
@@ -53,7 +55,7 @@ class Fleet {
   // and are timed as planned. REQUIRES: at least one client fits.
   Fleet(const SimOptions& options, transport::Context& ctx, const std::vector<std::string>& urls,
         const std::atomic<bool>& stop, const std::function<bool()>& shards_failed,
-        FleetMemory memory = {});
+        const client::LocalTrainingRegistry& rules, FleetMemory memory = {});
 
   // Registers every client, then runs rounds; returns the run's totals. Throws what a training
   // job threw, ProtocolError for a malformed reply, InternalError if a shard failed.
@@ -203,6 +205,7 @@ class Fleet {
   void progress_line(bool round_done);
 
   const SimOptions sim_;
+  const client::LocalTrainingRegistry& rules_;  // train.rule is made from it
   transport::Context& ctx_;
   std::vector<std::string> urls_;
   const std::atomic<bool>& stop_;

@@ -209,7 +209,11 @@ void Fleet::submit(Job& job) {
       } else {
         const auto seed = sim_.data.seed * 1000003ULL + j->rs.model_version * 7919ULL + j->client;
         // The job's step count (0: train.epochs) goes to this call; the slot's trainer stays.
-        j->result = slot->trainer->train(train_, partition_[j->client], seed, 0, j->steps);
+        j->result = slot->rule->train({.data = train_,
+                                       .rows = partition_[j->client],
+                                       .seed = seed,
+                                       .steps = j->steps,
+                                       .round = j->rs.round});
         const auto trained = slot->net->parameters();
         FloatBuffer& delta = *j->delta;
         for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = trained[i] - model[i];
@@ -338,6 +342,13 @@ void Fleet::finish_training_job(Job& job) {
   r.train_seconds = static_cast<float>(job.time.compute_s);
   r.local_steps = static_cast<std::uint32_t>(job.result.steps);
   add_measurements(job, true, r);
+  if (job.result.samples != job.samples && options_.rule != "stock") {
+    throw DataError("cohort-sim: train.rule '" + options_.rule + "' trained " +
+                    std::to_string(job.result.samples) + " samples for " + name_of(job.client) +
+                    " where the virtual clock charged " + std::to_string(job.samples) +
+                    " (train.epochs or train.steps x train.batch_size): a rule must process what "
+                    "train.* configures for the clock to time it");
+  }
   if (job.result.samples != job.samples) {
     // The virtual clock charged other work than the trainer did: its times would be wrong.
     throw InternalError("cohort-sim: " + name_of(job.client) + " trained " +

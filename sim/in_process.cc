@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
 #include "cohort/server/server.h"
 #include "cohort/sim/sim.h"
@@ -68,8 +69,9 @@ std::string sim_url(std::uint64_t run, std::uint32_t shard) {
 }  // namespace
 
 Summary run_in_process(const Config& config, const Registries& registries,
-                       const std::atomic<bool>& stop) {
+                       const std::atomic<bool>& stop, const client::LocalTrainingRegistry& rules) {
   const SimOptions options = sim_options_from(config, Runner::kInProcess);
+  rules.check(client::trainer_options_from(config.section("train")).rule);
   // Planned before any shard starts: it refuses a fleet that cannot train at all, and the
   // coordinator must wait for the clients that can, only.
   FleetMemory memory = plan_fleet_memory(config, options);
@@ -114,7 +116,7 @@ Summary run_in_process(const Config& config, const Registries& registries,
     std::optional<Fleet> fleet;
     try {
       fleet.emplace(
-          options, ctx, urls, stop, [&] { return failed.load(); }, std::move(memory));
+          options, ctx, urls, stop, [&] { return failed.load(); }, rules, std::move(memory));
       summary = fleet->run();
       if (!stop.load()) fleet->drain_until(all_finished);
     } catch (...) {

@@ -102,7 +102,7 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
 }  // namespace
 
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
-                  const std::atomic<bool>& stop) {
+                  const std::atomic<bool>& stop, const std::vector<std::string>& client_plugins) {
   const SimOptions options = sim_options_from(config, Runner::kProcesses);
   const auto n = static_cast<std::int64_t>(options.clients);
   const auto server_bin = bin_dir / "cohort-server", client_bin = bin_dir / "cohort-client";
@@ -152,6 +152,10 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
       for (const auto& setting : options.data.source_settings) {  // the same data, every client
         args.push_back("--set");
         args.push_back(setting);
+      }
+      for (const auto& plugin : client_plugins) {  // train.rule's rule, if a plug-in adds it
+        args.push_back("--plugin");
+        args.push_back(std::filesystem::absolute(plugin).string());
       }
       clients.push_back(spawn(args, dir / (std::string(name) + ".log")));
     }

@@ -20,6 +20,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/cli.h"
@@ -55,6 +57,11 @@ int main(int argc, char** argv) {
   flags.log_level = "warn";  // per-client registration lines would drown the progress line
   bool processes = false;
   std::string plot;
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins,
+                 "load local training rules from this shared object (repeatable): it defines "
+                 "cohort_plugin_abi() and cohort_register_client(); train.rule picks one by name "
+                 "(with --processes every cohort-client loads it)");
   app.add_flag("--processes", processes,
                "run the configuration as cohort-server and cohort-client processes on loopback "
                "(plaintext, one process per client, at most 200; no device profiles)");
@@ -78,9 +85,12 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
-    if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop);
+    auto rules = cohort::client::builtin_local_training();
+    for (const std::string& plugin : plugins) cohort::client::load_client_plugin(plugin, rules);
+    rules.check(config.get_string("train.rule"));  // a rule nobody has: one line, at once
+    if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop, plugins);
     const auto registries = cohort::builtin_registries();
-    const auto s = cohort::sim::run_in_process(config, registries, g_stop);
+    const auto s = cohort::sim::run_in_process(config, registries, g_stop, rules);
     std::printf(
         "cohort-sim: %llu rounds (%llu committed), simulated %.1f s (%.2f h), wall %.1f s, "
         "final accuracy %s, %.2f GB moved\n",

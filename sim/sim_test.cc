@@ -484,7 +484,9 @@ TEST_CASE("a virtual client trains the steps its RoundStart asks for and reports
   std::exception_ptr error;
   std::thread fleet_thread([&] {
     try {
-      Fleet fleet(options, ctx, {url}, stop, [] { return false; });
+      const auto rules = client::builtin_local_training();
+      Fleet fleet(
+          options, ctx, {url}, stop, [] { return false; }, rules);
       summary = fleet.run();
     } catch (...) {
       error = std::current_exception();

@@ -21,8 +21,10 @@
 //
 // A plug-in must be built with the same compiler family and standard library as the binary that
 // loads it (g++ / libstdc++ on Debian 12), against the installed package of the same version.
-// Today only cohort-server loads plug-ins: a compressor a plug-in adds is known to the server
-// side only, so clients need a program of their own that registers it too.
+// cohort-server loads cohort_register(); cohort-client and cohort-sim load a plug-in's
+// cohort_register_client() (local training rules, cohort/client/local_training.h). A compressor
+// a plug-in adds is known to the server side only, so clients need a program of their own that
+// registers it too.
 #pragma once
 
 #include <filesystem>
@@ -33,7 +35,9 @@ namespace cohort {
 
 // The plug-in ABI: bumped whenever a class reachable from Registries (the registries, the
 // Aggregator, ServerOptimizer, Compressor and ClientSelector interfaces, ConfigSection) changes
-// its layout or virtual functions. 2: ServerOptimizer's piecewise stepping.
+// its layout or virtual functions, and whenever one reachable from a client plug-in's
+// LocalTrainingRegistry does (LocalTraining, TrainerOptions, Dataset, kernels::Network).
+// 2: ServerOptimizer's piecewise stepping.
 inline constexpr int kPluginAbi = 2;
 
 // Loads the shared object `file`, checks cohort_plugin_abi() == kPluginAbi and calls
@@ -44,6 +48,11 @@ inline constexpr int kPluginAbi = 2;
 // loaded until the process exits: the factories it added are code inside it.
 // Not thread-safe with respect to `registries`.
 void load_plugin(const std::filesystem::path& file, Registries& registries);
+
+// What every loader shares: loads `file` as load_plugin() does, checks its ABI, and returns the
+// address of its extern "C" symbol `entry`; ConfigError "plug-in FILE: no entry symbol ENTRY
+// (HOW)" when it has none.
+void* plugin_entry(const std::filesystem::path& file, const char* entry, const char* how);
 
 }  // namespace cohort
 

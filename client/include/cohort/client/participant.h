@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cohort/client/data_source.h"
+#include "cohort/client/local_training.h"
 #include "cohort/client/partition.h"
 #include "cohort/core/config.h"
 #include "cohort/transport/endpoint.h"
@@ -63,10 +64,13 @@ struct ParticipantOptions {
 // option never costs a round nor leaves a dead entry in the coordinator's pool.
 ParticipantOptions participant_options_from(const Config& config);
 
-// Runs until the coordinator says training is finished (returns 0) or `stop` becomes true.
+// Runs until the coordinator says training is finished (returns 0) or `stop` becomes true. Each
+// round trains with the rule the coordinator's train.rule names, made from `rules` (built-ins and
+// what plug-ins added; a name it lacks stops the client when it joins).
 // Throws ConfigError / DataError for a bad device, compressor or data before joining,
 // TransportError if the coordinator cannot be reached within options.connect_timeout.
-int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop);
+int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop,
+                    const LocalTrainingRegistry& rules = builtin_local_training());
 
 // The rows a data-parallel worker uses at `step`: epochs of `indices` shuffled by
 // Rng::for_stream(seed, epoch), cut into floor(n / batch) batches (the remainder is dropped).

@@ -73,6 +73,9 @@ struct TrainerOptions {
   // made (apply_memory_budget): micro-batches with accumulation keep batch_size the effective
   // batch, and evaluation runs in batches of at most batch_size.
   std::size_t memory_budget = 0;
+  // train.rule: the local training rule the client and the simulator run, "NAME" or
+  // "NAME:ARGUMENT" (cohort/client/local_training.h); "stock" is this LocalTrainer.
+  std::string rule = "stock";
 };
 
 // Throws ConfigError naming the field (batch_size 0, no epochs or steps, negative mu, ...).
@@ -81,8 +84,9 @@ void validate(const TrainerOptions& options);
 // Reads a config section (e.g. config.section("train")). Keys, all optional (defaults as in
 // TrainerOptions): batch_size, epochs, steps, drop_last, optimizer (sgd|adam|adamw), lr,
 // momentum, nesterov, weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu,
-// reset_optimizer_state, eval_batch_size; `device` and `threads` are accepted and read by
-// device_choice_from(). Throws ConfigError for any other key or a bad value, and validates.
+// reset_optimizer_state, eval_batch_size, memory_budget, rule; `device` and `threads` are accepted
+// and read by device_choice_from(). Throws ConfigError for any other key or a bad value, and
+// validates.
 TrainerOptions trainer_options_from(const ConfigSection& section);
 
 // Declares the keys above (plus `device` = "cpu" and `threads` = 1) under `prefix` with

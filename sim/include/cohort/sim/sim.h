@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
+#include "cohort/client/local_training.h"
 #include "cohort/core/config.h"
 
 namespace cohort::sim {
@@ -42,16 +43,21 @@ struct Summary {
   std::vector<std::uint32_t> selections, participation;
 };
 
-// Runs the federation in-process until server.rounds rounds are committed or `stop` is set.
+// Runs the federation in-process until server.rounds rounds are committed or `stop` is set. The
+// virtual clients train with train.rule, made from `rules` (ConfigError at start-up when it has
+// no such rule).
 // Throws ConfigError / DataError for bad settings or data, InternalError if a shard fails.
-Summary run_in_process(const Config& config, const Registries& registries,
-                       const std::atomic<bool>& stop);
+Summary run_in_process(
+    const Config& config, const Registries& registries, const std::atomic<bool>& stop,
+    const client::LocalTrainingRegistry& rules = client::builtin_local_training());
 
 // Runs shards and sim.clients clients as processes on loopback (plaintext): the binaries
 // cohort-server and cohort-client are looked up in `bin_dir`. Device profiles do not apply (real
 // processes run in real time). Returns the coordinator's exit code.
+// `client_plugins` are passed to every cohort-client as --plugin (train.rule's rule).
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
-                  const std::atomic<bool>& stop);
+                  const std::atomic<bool>& stop,
+                  const std::vector<std::string>& client_plugins = {});
 
 // Draws accuracy and loss against rounds and simulated time from a sim CSV into a PNG with
 // gnuplot. Throws ConfigError if gnuplot is not installed, DataError if it fails.
