@@ -110,6 +110,37 @@ double pinned_loss(Network& net, const std::vector<float>& x, const std::vector<
   return softmax_cross_entropy(logits, y, net.output_size());
 }
 
+// Central differences of pinned_loss against backward()'s gradients, every `stride`-th
+// parameter: the count of those off by more than abs_tol + rel_tol * |g| (the first five are
+// reported). `checked` receives how many were compared.
+std::size_t gradient_mismatches(Network& net, const std::vector<float>& x,
+                                const std::vector<std::int32_t>& y, float h, double abs_tol,
+                                double rel_tol, std::size_t stride, std::size_t& checked) {
+  std::vector<float> dlogits(y.size() * net.output_size());
+  net.set_seed(3);
+  const auto logits = net.forward(x, y.size(), true);
+  softmax_cross_entropy(logits, y, net.output_size(), dlogits);
+  net.backward(dlogits);
+  const std::vector<float> grads(net.gradients().begin(), net.gradients().end());
+  auto params = net.parameters();
+  std::size_t bad = 0;
+  checked = 0;
+  for (std::size_t j = 0; j < params.size(); j += stride) {
+    const float saved = params[j];
+    params[j] = saved + h;
+    const double up = pinned_loss(net, x, y);
+    params[j] = saved - h;
+    const double down = pinned_loss(net, x, y);
+    params[j] = saved;
+    const double numeric = (up - down) / (2 * h);
+    ++checked;
+    if (std::abs(numeric - grads[j]) > abs_tol + rel_tol * std::abs(grads[j])) {
+      if (++bad <= 5) MESSAGE("param " << j << " numeric " << numeric << " analytic " << grads[j]);
+    }
+  }
+  return bad;
+}
+
 TEST_CASE("network gradients match finite differences through every layer kind") {
   // Whole-network check: h = 2e-3 on a net whose loss is piecewise smooth; a parameter whose
   // perturbation crosses a ReLU or max-pool kink shows up as a large mismatch, which this seed
@@ -123,32 +154,9 @@ TEST_CASE("network gradients match finite differences through every layer kind")
     const std::size_t batch = 4;
     const auto x = random_vector(batch * spec.input_shape().size(), 9);
     const std::vector<std::int32_t> y{0, 2, 1, 2};
-    pinned_loss(*net, x, y);
-    std::vector<float> dlogits(batch * 3);
-    net->set_seed(3);
-    const auto logits = net->forward(x, batch, true);
-    softmax_cross_entropy(logits, y, 3, dlogits);
-    net->backward(dlogits);
-    const std::vector<float> grads(net->gradients().begin(), net->gradients().end());
-    auto params = net->parameters();
-    std::size_t checked = 0, bad = 0;
-    for (std::size_t j = 0; j < params.size(); j += 3) {
-      const float saved = params[j];
-      const float h = 2e-3f;
-      params[j] = saved + h;
-      const double up = pinned_loss(*net, x, y);
-      params[j] = saved - h;
-      const double down = pinned_loss(*net, x, y);
-      params[j] = saved;
-      const double numeric = (up - down) / (2 * h);
-      ++checked;
-      if (std::abs(numeric - grads[j]) > 2e-3 + 5e-2 * std::abs(grads[j])) {
-        ++bad;
-        MESSAGE("param " << j << " numeric " << numeric << " analytic " << grads[j]);
-      }
-    }
+    std::size_t checked = 0;
+    CHECK(gradient_mismatches(*net, x, y, 2e-3f, 2e-3, 5e-2, 3, checked) == 0);
     CHECK(checked > 100);
-    CHECK(bad == 0);
   }
 }
 
@@ -178,29 +186,9 @@ TEST_CASE("tanh, sigmoid and GELU: values and gradients match finite differences
     const std::size_t batch = 3;
     const auto x = random_vector(batch * spec.input_shape().size(), 4);
     const std::vector<std::int32_t> y{2, 0, 1};
-    std::vector<float> dlogits(batch * 3);
-    const auto logits = net->forward(x, batch, true);
-    softmax_cross_entropy(logits, y, 3, dlogits);
-    net->backward(dlogits);
-    const std::vector<float> grads(net->gradients().begin(), net->gradients().end());
-    auto params = net->parameters();
-    std::size_t bad = 0;
-    for (std::size_t j = 0; j < params.size(); ++j) {
-      const float saved = params[j];
-      const float h = 1e-2f;
-      params[j] = saved + h;
-      const double up = pinned_loss(*net, x, y);
-      params[j] = saved - h;
-      const double down = pinned_loss(*net, x, y);
-      params[j] = saved;
-      const double numeric = (up - down) / (2 * h);
-      if (std::abs(numeric - grads[j]) > 5e-4 + 2e-2 * std::abs(grads[j])) {
-        if (++bad <= 5)
-          MESSAGE("param " << j << " numeric " << numeric << " analytic " << grads[j]);
-      }
-    }
-    CHECK(params.size() > 150);
-    CHECK(bad == 0);
+    std::size_t checked = 0;
+    CHECK(gradient_mismatches(*net, x, y, 1e-2f, 5e-4, 2e-2, 1, checked) == 0);
+    CHECK(checked > 150);
   }
   // The values themselves, against the definitions.
   NetworkSpec one(Shape{4, 1, 1});
