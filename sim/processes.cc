@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "cohort/client/trainer.h"
 #include "cohort/core/error.h"
 #include "cohort/server/server.h"
 #include "cohort/sim/sim.h"
@@ -102,8 +103,10 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
 }  // namespace
 
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
-                  const std::atomic<bool>& stop, const std::vector<std::string>& client_plugins) {
+                  const std::atomic<bool>& stop, const std::vector<std::string>& client_plugins,
+                  const client::LocalTrainingRegistry& rules) {
   const SimOptions options = sim_options_from(config, Runner::kProcesses);
+  rules.check(client::trainer_options_from(config.section("train")).rule);
   const auto n = static_cast<std::int64_t>(options.clients);
   const auto server_bin = bin_dir / "cohort-server", client_bin = bin_dir / "cohort-client";
   for (const auto& b : {server_bin, client_bin}) {

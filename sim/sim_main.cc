@@ -87,8 +87,7 @@ int main(int argc, char** argv) {
     std::signal(SIGINT, on_signal);
     auto rules = cohort::client::builtin_local_training();
     for (const std::string& plugin : plugins) cohort::client::load_client_plugin(plugin, rules);
-    rules.check(config.get_string("train.rule"));  // a rule nobody has: one line, at once
-    if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop, plugins);
+    if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop, plugins, rules);
     const auto registries = cohort::builtin_registries();
     const auto s = cohort::sim::run_in_process(config, registries, g_stop, rules);
     std::printf(

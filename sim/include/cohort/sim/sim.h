@@ -54,10 +54,12 @@ Summary run_in_process(
 // Runs shards and sim.clients clients as processes on loopback (plaintext): the binaries
 // cohort-server and cohort-client are looked up in `bin_dir`. Device profiles do not apply (real
 // processes run in real time). Returns the coordinator's exit code.
-// `client_plugins` are passed to every cohort-client as --plugin (train.rule's rule).
+// `client_plugins` are passed to every cohort-client as --plugin; `rules` (what they register,
+// with the built-ins) must hold train.rule (ConfigError at start-up otherwise).
 int run_processes(const Config& config, const std::filesystem::path& bin_dir,
                   const std::atomic<bool>& stop,
-                  const std::vector<std::string>& client_plugins = {});
+                  const std::vector<std::string>& client_plugins = {},
+                  const client::LocalTrainingRegistry& rules = client::builtin_local_training());
 
 // Draws accuracy and loss against rounds and simulated time from a sim CSV into a PNG with
 // gnuplot. Throws ConfigError if gnuplot is not installed, DataError if it fails.
