@@ -1,10 +1,15 @@
 #include "cohort/client/data_source.h"
 
+#include <glob.h>
+
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "cohort/client/npy.h"
 #include "cohort/core/error.h"
@@ -58,6 +63,59 @@ Dataset load_file(const DataOptions& o, const std::string& path, const std::stri
                            .shape = o.shape,
                            .features_array = arrays.front(),
                            .labels_array = arrays.size() > 1 ? arrays[1] : std::string()});
+}
+
+bool is_pattern(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
+
+// The files a pattern names (glob(3): sorted, so the order of the rows does not depend on the
+// file system). DataError when none does.
+std::vector<std::string> expand_pattern(const std::string& pattern, const char* key) {
+  glob_t found{};
+  const int rc = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
+  std::vector<std::string> files;
+  if (rc == 0) {
+    for (std::size_t i = 0; i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
+  }
+  globfree(&found);
+  if (rc == GLOB_NOMATCH || (rc == 0 && files.empty())) {
+    throw DataError(pattern + ": no file matches (" + key + ")");
+  }
+  if (rc != 0) throw DataError(pattern + ": cannot read a folder of the pattern (" + key + ")");
+  return files;
+}
+
+// data.train or data.test: one file, or every file a pattern matches, their rows one after the
+// other in file-name order (each file is checked as it would be alone; their shapes must agree).
+Dataset load_files(const DataOptions& o, const std::string& path, const std::string& labels,
+                   const std::vector<std::string>& arrays, const char* key) {
+  if (!is_pattern(path)) return load_file(o, path, labels, arrays);
+  const auto files = expand_pattern(path, key);
+  if (files.size() == 1) return load_file(o, files.front(), labels, arrays);
+  std::vector<Dataset> parts;
+  std::size_t rows = 0, classes = 0;
+  for (const auto& f : files) {
+    parts.push_back(load_file(o, f, labels, arrays));
+    if (!(parts.back().shape() == parts.front().shape())) {
+      throw DataError(f + ": examples of shape " + shape_text(parts.back().shape()) + ", but " +
+                      files.front() + " has " + shape_text(parts.front().shape()) + " (" + key +
+                      " = " + path + ")");
+    }
+    rows += parts.back().size();
+    classes = std::max(classes, parts.back().num_classes());
+  }
+  const Shape shape = parts.front().shape();
+  const std::size_t d = parts.front().feature_dim();
+  FloatBuffer features(rows * d);
+  std::vector<std::int32_t> all_labels;
+  all_labels.reserve(rows);
+  std::size_t at = 0;
+  for (auto& p : parts) {
+    std::copy(p.features().begin(), p.features().end(), features.begin() + at * d);
+    all_labels.insert(all_labels.end(), p.labels().begin(), p.labels().end());
+    at += p.size();
+    p = Dataset();  // each part's memory goes as soon as it is copied
+  }
+  return Dataset(std::move(features), std::move(all_labels), shape, classes);
 }
 
 // "FEATURES,LABELS" or "FEATURES": the .npz members of data.arrays or data.test_arrays.
@@ -138,8 +196,9 @@ void add_data_source_keys(ConfigSchema& schema) {
            "auto | idx | csv | npy (auto: by data.train's extension; idx, Fashion-MNIST's files "
            "in data.dir, without data.train)")
       .add("data.train", std::string(""),
-           "your training file (.csv, .npy or .npz) instead of data.dir")
-      .add("data.test", std::string(""), "your test file (needed with data.train)")
+           "your training file (.csv, .npy or .npz) instead of data.dir; a pattern "
+           "(parts/*.csv) takes every file it matches, in name order")
+      .add("data.test", std::string(""), "your test file, or a pattern (needed with data.train)")
       .add("data.train_labels", std::string(""), "npy: the labels (N,) of data.train's (N, ...)")
       .add("data.test_labels", std::string(""), "npy: the labels of data.test")
       .add("data.arrays", std::string("x,y"),
@@ -210,6 +269,14 @@ DataOptions data_options_from(const Config& config) {
   if (o.train_labels.empty() != o.test_labels.empty() && !o.test.empty()) {
     throw ConfigError("give labels files for both data.train and data.test, or for neither");
   }
+  for (const auto& [key, files, labels] : {std::tuple{"data.train", o.train, o.train_labels},
+                                           std::tuple{"data.test", o.test, o.test_labels}}) {
+    if (is_pattern(files) && !labels.empty()) {
+      throw ConfigError(std::string(key) + " = '" + files +
+                        "' is a pattern, and a labels file pairs with one features file: put "
+                        "the labels in a column of each file, or use .npz files");
+    }
+  }
   if (o.format == DataFormat::kIdx) {
     for (const char* key : {"data.label", "data.header", "data.delimiter", "data.shape"}) {
       if (config.is_set(key)) {
@@ -267,9 +334,9 @@ TrainTest load_data(const DataOptions& o, FeatureScaling idx_auto) {
       scale.divisor /= 255.0;
     }
   } else {
-    out.train = load_file(o, o.train, o.train_labels, o.train_arrays);
+    out.train = load_files(o, o.train, o.train_labels, o.train_arrays, "data.train");
     if (!o.test.empty()) {
-      out.test = load_file(o, o.test, o.test_labels, o.test_arrays);
+      out.test = load_files(o, o.test, o.test_labels, o.test_arrays, "data.test");
       if (out.test.feature_dim() != out.train.feature_dim() ||
           !(out.test.shape() == out.train.shape())) {
         throw DataError(o.test + ": examples of shape " + shape_text(out.test.shape()) + ", but " +

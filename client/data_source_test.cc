@@ -326,6 +326,41 @@ TEST_CASE("data.* keys: formats by extension, scaling, and refusals naming the k
         }).starts_with("data.train_labels"));
 }
 
+TEST_CASE("data.train as a pattern: every matching file, in name order; refusals name the file") {
+  testing::TempDir dir;
+  testing::write_text(dir.file("part-1.csv").string(), "x1,x2,y\n3,30,1\n4,40,2\n");
+  testing::write_text(dir.file("part-0.csv").string(), "x1,x2,y\n1,10,0\n2,20,1\n");
+  testing::write_text(dir.file("part-2.csv").string(), "x1,x2,y\n5,50,0\n");
+  testing::write_text(dir.file("test.csv").string(), "x1,x2,y\n2,30,0\n");
+  const std::string pattern = (dir.path() / "part-*.csv").string();
+  const auto o = data_options_from(
+      config_with({"data.train=" + pattern, "data.test=" + dir.file("test.csv").string()}));
+  CHECK(o.format == DataFormat::kCsv);  // the pattern's extension
+  const TrainTest t = load_data(o);
+  REQUIRE(t.train.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(t.train.row(i)[0] == static_cast<float>(i + 1));
+  CHECK(t.train.num_classes() == 3);
+  CHECK(t.train.labels()[3] == 2);
+  // One file of another width: named, with the first file's shape.
+  testing::write_text(dir.file("part-3.csv").string(), "x1,x2,x3,y\n1,2,3,0\n");
+  CHECK(error_of([&] { (void)load_data(o); })
+            .starts_with(dir.file("part-3.csv").string() + ": examples of shape 3x1x1, but " +
+                         dir.file("part-0.csv").string() + " has 2x1x1"));
+  // A bad row in the third file names that file, its line and column.
+  testing::write_text(dir.file("part-3.csv").string(), "x1,x2,y\n1,x,0\n");
+  CHECK(error_of([&] { (void)load_data(o); }) ==
+        dir.file("part-3.csv").string() + ":2:2: not a finite number: 'x'");
+  auto none = o;
+  none.train = (dir.path() / "nothing-*.csv").string();
+  CHECK(error_of([&] { (void)load_data(none); }) == none.train + ": no file matches (data.train)");
+  CHECK(error_of([&] {
+          (void)data_options_from(config_with({"data.train=" + (dir.path() / "*.npy").string(),
+                                               "data.train_labels=y.npy", "data.test=t.npy",
+                                               "data.test_labels=ty.npy"}));
+        }).find("is a pattern, and a labels file pairs with one features file") !=
+        std::string::npos);
+}
+
 TEST_CASE("a model that does not take the data's examples is refused, naming both") {
   testing::TempDir dir;
   testing::write_text(dir.file("d.csv").string(), "1,2,3,0\n");
