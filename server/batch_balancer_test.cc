@@ -306,6 +306,9 @@ TEST_CASE("server.batch_policy and its keys: start-up refuses what cannot be hon
         "server.batch_policy applies to server.mode = dataparallel only, not federated");
   CHECK(testing::validate_error({"server.mode=fedbuff", "server.rebalance_every=3"}) ==
         "server.rebalance_every applies to server.mode = dataparallel only, not fedbuff");
+  // A local training rule would be ignored by data-parallel workers: refused, not ignored.
+  CHECK(testing::validate_error({"server.mode=dataparallel", "train.rule=clipped_sgd:1"})
+            .starts_with("train.rule applies to server.mode = federated"));
 }
 
 }  // namespace

@@ -46,6 +46,8 @@ const ModeKeys kModeKeys[] = {
     {"server.buffer_size", {kFedBuff}},
     {"server.max_staleness", {kFedBuff}},
     {"server.concurrency", {kFedBuff}},
+    // Local training rules train federated rounds; data-parallel workers compute gradients.
+    {"train.rule", {kFederated, kFedBuff}},
     {"server.eval_every", {kFederated, kFedBuff, kDataParallel}},
     {"server.round_deadline_ms", {kFederated, kFedBuff, kDataParallel}},
     {"server.min_clients", {kFederated, kFedBuff, kDataParallel}},

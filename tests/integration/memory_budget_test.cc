@@ -85,7 +85,10 @@ TEST_CASE("a client whose budget cannot hold the model stops naming the minimum,
                {"--server.rounds=1", "--server.clients_per_round=1", "--server.min_clients=1",
                 "--server.work=fixed", "--train.steps=2"});
   f.client_extra[0] = {"--client.memory_budget=100000"};
-  f.start();
+  // client-1 starts once client-0 has stopped: with server.min_clients = 1, a round that client-1
+  // joined first could end the run (server.rounds = 1) before client-0 reached the coordinator.
+  f.start_servers();
+  f.start_client(0);
   const auto code = f.clients[0].wait_for(120s);
   const std::string err = f.clients[0].stderr_text();
   CAPTURE(err);
@@ -93,6 +96,7 @@ TEST_CASE("a client whose budget cannot hold the model stops naming the minimum,
   CHECK(err.find("cannot train mlp:784-256-128-10 at batch 64 under a memory budget of 100000") !=
         std::string::npos);
   CHECK(err.find("needs at least") != std::string::npos);
+  f.start_client(1);
   REQUIRE(f.wait(120s) == 0);  // the other client trains the round
   for (const auto& c : f.records("client")) CHECK(c["client"] == "client-1");
 }
