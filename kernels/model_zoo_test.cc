@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <string>
 #include <vector>
 
@@ -125,6 +127,57 @@ TEST_CASE("net: a bad layer list names the layer and why") {
   CHECK(error_of("net:28x28,linear:10").find("is not CxHxW or a width") != std::string::npos);
   CHECK(error_of("net:784").find("at least one layer") != std::string::npos);
   CHECK_THROWS_AS(make_network_spec("net:784,linear:10", {.classes = 3}), ConfigError);
+  CHECK(error_of("net:1x8x8,conv:4:3:1:1,res[conv:4:3:1:1,relu").find("not closed with ']'") !=
+        std::string::npos);
+  CHECK(error_of("net:1x8x8,conv:4:3:1:1,bn]").find("layer 2 'bn]'") != std::string::npos);
+  CHECK(error_of("net:1x8x8,conv:4:3:1:1,bn]").find("no residual block is open") !=
+        std::string::npos);
+  CHECK(error_of("net:1x5x5,res[conv:2:2]").find("no 1x1 projection") != std::string::npos);
+  CHECK(error_of("net:1x4x4,avgpool:5").find("layer 1 'avgpool:5'") != std::string::npos);
+  CHECK(error_of("net:1x4x4,gap:2").find("gap takes 0 argument") != std::string::npos);
+}
+
+TEST_CASE("net: batchnorm, pooling and residual blocks; resnet20 from the grammar") {
+  // One block per line, as a TOML multi-line string would hold it; "res[" and "]" attached to
+  // a layer or standing alone.
+  const NetworkSpec a = make_network_spec(R"(net:3x32x32,
+      conv:16:3:1:1, bn, relu,
+      res[conv:16:3:1:1, bn, relu, conv:16:3:1:1, bn], relu,
+      res[, conv:32:3:2:1, bn, relu, conv:32:3:1:1, bn, ], relu,
+      avgpool:2, gap, linear:10)");
+  std::vector<LayerKind> kinds;
+  for (const LayerSpec& l : a.layers()) kinds.push_back(l.kind);
+  CHECK(std::count(kinds.begin(), kinds.end(), LayerKind::kResidualBegin) == 2);
+  CHECK(std::count(kinds.begin(), kinds.end(), LayerKind::kBatchNorm) == 5);
+  CHECK(a.layers()[9].kind == LayerKind::kResidualEnd);
+  CHECK(a.layers()[9].weight_count == 0);        // identity
+  CHECK(a.layers()[17].weight_count == 16 * 32);  // the projection 16 -> 32, stride 2
+  CHECK(a.layers()[17].stride == 2);
+  CHECK(a.output_shape() == Shape{10, 1, 1});
+  // resnet20 written in the grammar has the zoo's layers and parameter layout.
+  std::string text = "net:3x32x32,conv:16:3:1:1,bn,relu";
+  std::size_t channels = 16;
+  for (const std::size_t width : {16, 32, 64}) {
+    for (int block = 0; block < 3; ++block) {
+      const std::size_t stride = block == 0 && width != 16 ? 2 : 1;
+      text += ",res[conv:" + std::to_string(width) + ":3:" + std::to_string(stride) +
+              ":1,bn,relu,conv:" + std::to_string(width) + ":3:1:1,bn],relu";
+      channels = width;
+    }
+  }
+  text += ",gap,linear:10";
+  const NetworkSpec grammar = make_network_spec(text);
+  const NetworkSpec zoo = make_network_spec("cnn:resnet20");
+  CHECK(channels == 64);
+  REQUIRE(grammar.layers().size() == zoo.layers().size());
+  CHECK(grammar.parameter_count() == zoo.parameter_count());
+  for (std::size_t i = 0; i < zoo.layers().size(); ++i) {
+    CHECK(grammar.layers()[i].kind == zoo.layers()[i].kind);
+    CHECK(grammar.layers()[i].weight_offset == zoo.layers()[i].weight_offset);
+  }
+  CHECK(make_network_spec("resnet20").parameter_count() == zoo.parameter_count());
+  // On Fashion-MNIST's shape too: 28 -> 14 -> 7.
+  CHECK(make_network_spec("cnn:resnet20", {.input = Shape{1, 28, 28}}).output_size() == 10);
 }
 
 }  // namespace

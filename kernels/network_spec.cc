@@ -22,6 +22,17 @@ std::size_t fan_in(const LayerSpec& layer) {
   return layer.kind == LayerKind::kConv2d ? layer.in * layer.kernel * layer.kernel : layer.in;
 }
 
+// The pooling output side, or a KernelError naming the layer.
+Shape pooled(std::size_t index, LayerKind kind, const Shape& input, std::size_t kernel,
+             std::size_t stride) {
+  if (kernel == 0) bad_layer(index, kind, input, "kernel must be positive");
+  if (input.height < kernel || input.width < kernel) {
+    bad_layer(index, kind, input, "kernel " + std::to_string(kernel) + " larger than the input");
+  }
+  return {input.channels, (input.height - kernel) / stride + 1,
+          (input.width - kernel) / stride + 1};
+}
+
 }  // namespace
 
 std::string to_string(const Shape& shape) {
@@ -41,6 +52,11 @@ std::string_view to_string(LayerKind kind) {
     case LayerKind::kTanh: return "tanh";
     case LayerKind::kSigmoid: return "sigmoid";
     case LayerKind::kGelu: return "gelu";
+    case LayerKind::kBatchNorm: return "batchnorm";
+    case LayerKind::kAvgPool2d: return "avgpool2d";
+    case LayerKind::kGlobalAvgPool: return "globalavgpool";
+    case LayerKind::kResidualBegin: return "residual_begin";
+    case LayerKind::kResidualEnd: return "residual_end";
   }
   return "unknown";
 }
@@ -58,7 +74,8 @@ NetworkSpec& NetworkSpec::push(LayerSpec layer) {
   } else {
     layer.weight_offset = layer.bias_offset = parameter_count_;
   }
-  parameter_count_ += layer.weight_count + layer.bias_count;
+  layer.buffer_offset = layer.bias_offset + layer.bias_count;
+  parameter_count_ += layer.weight_count + layer.bias_count + layer.buffer_count;
   layers_.push_back(layer);
   return *this;
 }
@@ -134,19 +151,80 @@ NetworkSpec& NetworkSpec::conv2d(std::size_t in_channels, std::size_t out_channe
 NetworkSpec& NetworkSpec::maxpool2d(std::size_t kernel, std::size_t stride) {
   const Shape input = output_shape();
   if (stride == 0) stride = kernel;
-  if (kernel == 0)
-    bad_layer(layers_.size(), LayerKind::kMaxPool2d, input, "kernel must be positive");
-  if (input.height < kernel || input.width < kernel) {
-    bad_layer(layers_.size(), LayerKind::kMaxPool2d, input,
-              "kernel " + std::to_string(kernel) + " larger than the input");
-  }
-  const Shape output{input.channels, (input.height - kernel) / stride + 1,
-                     (input.width - kernel) / stride + 1};
+  const Shape output = pooled(layers_.size(), LayerKind::kMaxPool2d, input, kernel, stride);
   return push({.kind = LayerKind::kMaxPool2d,
                .input = input,
                .output = output,
                .kernel = kernel,
                .stride = stride});
+}
+
+NetworkSpec& NetworkSpec::avgpool2d(std::size_t kernel, std::size_t stride) {
+  const Shape input = output_shape();
+  if (stride == 0) stride = kernel;
+  const Shape output = pooled(layers_.size(), LayerKind::kAvgPool2d, input, kernel, stride);
+  return push({.kind = LayerKind::kAvgPool2d,
+               .input = input,
+               .output = output,
+               .kernel = kernel,
+               .stride = stride});
+}
+
+NetworkSpec& NetworkSpec::global_avgpool() {
+  const Shape input = output_shape();
+  return push(
+      {.kind = LayerKind::kGlobalAvgPool, .input = input, .output = {input.channels, 1, 1}});
+}
+
+NetworkSpec& NetworkSpec::batchnorm() {
+  const Shape input = output_shape();
+  const std::size_t c = input.channels;
+  return push({.kind = LayerKind::kBatchNorm,
+               .input = input,
+               .output = input,
+               .in = c,
+               .out = c,
+               .weight_count = c,
+               .bias_count = c,
+               .buffer_count = 2 * c});
+}
+
+NetworkSpec& NetworkSpec::residual_begin() {
+  const Shape input = output_shape();
+  open_.push_back(layers_.size());
+  return push({.kind = LayerKind::kResidualBegin, .input = input, .output = input});
+}
+
+NetworkSpec& NetworkSpec::residual_end() {
+  const Shape main = output_shape();
+  if (open_.empty()) {
+    bad_layer(layers_.size(), LayerKind::kResidualEnd, main, "no residual block is open");
+  }
+  const std::size_t begin = open_.back();
+  const Shape skip = layers_[begin].input;
+  LayerSpec end{.kind = LayerKind::kResidualEnd,
+                .input = main,
+                .output = main,
+                .in = skip.channels,
+                .out = main.channels,
+                .partner = begin};
+  if (!(skip == main)) {
+    // ceil(H / H') is the only stride that can make (H - 1) / s + 1 == H'.
+    const std::size_t stride = (skip.height + main.height - 1) / main.height;
+    if ((skip.height - 1) / stride + 1 != main.height ||
+        (skip.width - 1) / stride + 1 != main.width) {
+      bad_layer(layers_.size(), LayerKind::kResidualEnd, main,
+                "no 1x1 projection with a stride maps the block's input " + to_string(skip) +
+                    " to its output " + to_string(main));
+    }
+    end.kernel = 1;
+    end.stride = stride;
+    end.weight_count = main.channels * skip.channels;
+    end.bias_count = main.channels;
+  }
+  layers_[begin].partner = layers_.size();
+  open_.pop_back();
+  return push(end);
 }
 
 NetworkSpec& NetworkSpec::flatten() {
@@ -168,9 +246,10 @@ std::vector<LayerView> NetworkSpec::layer_views() const {
   std::vector<LayerView> views;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const LayerSpec& l = layers_[i];
-    if (l.weight_count + l.bias_count == 0) continue;
-    views.push_back({std::to_string(i) + "." + std::string(to_string(l.kind)), i, l.weight_offset,
-                     l.weight_count + l.bias_count});
+    const std::size_t size = l.weight_count + l.bias_count + l.buffer_count;
+    if (size == 0) continue;
+    views.push_back(
+        {std::to_string(i) + "." + std::string(to_string(l.kind)), i, l.weight_offset, size});
   }
   return views;
 }
@@ -183,6 +262,21 @@ std::vector<LayerView> NetworkSpec::tensor_views() const {
     if (l.weight_count > 0)
       views.push_back({prefix + ".weight", i, l.weight_offset, l.weight_count});
     if (l.bias_count > 0) views.push_back({prefix + ".bias", i, l.bias_offset, l.bias_count});
+    if (l.buffer_count > 0) {
+      const std::size_t half = l.buffer_count / 2;
+      views.push_back({prefix + ".running_mean", i, l.buffer_offset, half});
+      views.push_back({prefix + ".running_var", i, l.buffer_offset + half, half});
+    }
+  }
+  return views;
+}
+
+std::vector<LayerView> NetworkSpec::buffer_views() const {
+  std::vector<LayerView> views;
+  for (LayerView& v : tensor_views()) {
+    if (v.name.ends_with(".running_mean") || v.name.ends_with(".running_var")) {
+      views.push_back(std::move(v));
+    }
   }
   return views;
 }
@@ -198,13 +292,21 @@ std::string NetworkSpec::summary() const {
           << ", p=" << l.padding << ')';
     } else if (l.kind == LayerKind::kLinear) {
       out << '(' << l.in << "->" << l.out << ')';
-    } else if (l.kind == LayerKind::kMaxPool2d) {
+    } else if (l.kind == LayerKind::kMaxPool2d || l.kind == LayerKind::kAvgPool2d) {
       out << "(k=" << l.kernel << ", s=" << l.stride << ')';
+    } else if (l.kind == LayerKind::kResidualEnd) {
+      out << "(of " << l.partner << ", ";
+      if (l.weight_count > 0) {
+        out << "projection " << l.in << "->" << l.out << " s=" << l.stride << ')';
+      } else {
+        out << "identity)";
+      }
     } else if (l.kind == LayerKind::kDropout) {
       out << "(p=" << l.drop_probability << ')';
     }
     out << " -> " << to_string(l.output);
     if (l.weight_count + l.bias_count > 0) out << "  params=" << l.weight_count + l.bias_count;
+    if (l.buffer_count > 0) out << " buffers=" << l.buffer_count;
     out << '\n';
   }
   out << "parameters " << parameter_count_;
@@ -215,12 +317,27 @@ void NetworkSpec::initialize(std::uint64_t seed, std::span<float> params) const 
   detail::check_size("NetworkSpec::initialize params", params.size(), parameter_count_);
   const std::uint64_t key = detail::derive_key(seed, detail::kInitStream);
   for (const LayerSpec& l : layers_) {
+    if (l.kind == LayerKind::kBatchNorm) {
+      std::fill_n(params.begin() + static_cast<std::ptrdiff_t>(l.weight_offset), l.out, 1.0f);
+      std::fill_n(params.begin() + static_cast<std::ptrdiff_t>(l.bias_offset), l.out, 0.0f);
+      std::fill_n(params.begin() + static_cast<std::ptrdiff_t>(l.buffer_offset), l.out, 0.0f);
+      std::fill_n(params.begin() + static_cast<std::ptrdiff_t>(l.buffer_offset + l.out), l.out,
+                  1.0f);
+      continue;
+    }
     if (l.weight_count + l.bias_count == 0) continue;
     const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in(l)));
     const std::size_t end = l.weight_offset + l.weight_count + l.bias_count;
     for (std::size_t j = l.weight_offset; j < end; ++j) {
       params[j] = (2.0f * detail::counter_uniform(key, j) - 1.0f) * bound;
     }
+  }
+}
+
+Network::Network(NetworkSpec spec) : spec_(std::move(spec)) {
+  if (spec_.open_blocks() > 0) {
+    throw KernelError("network: " + std::to_string(spec_.open_blocks()) +
+                      " residual block(s) opened and not closed");
   }
 }
 

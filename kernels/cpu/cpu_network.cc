@@ -17,6 +17,7 @@
 #include "cohort/kernels/optimizer.h"
 #include "layers.h"
 #include "nhwc_conv.h"
+#include "segments.h"
 
 namespace cohort::kernels::cpu {
 namespace {
@@ -44,8 +45,10 @@ struct Op {
   // A fused ReLU directly followed by a max-pool: the pool's backward applies the ReLU mask
   // (by its own output, the ReLU output it picked), so this op's backward reads no mask.
   bool relu_in_pool = false;
-  ConvGeometry conv{};
+  ConvGeometry conv{};  // conv2d; residual_end: the projection (when it has one)
   PoolGeometry pool{};
+  BatchNormGeometry norm{};
+  std::size_t partner = 0;              // residual_begin, residual_end: the other end's op
   Shape shape{};                        // kToNhwc, kToNchw: the activation converted
   std::unique_ptr<NhwcConv> fast_conv;  // conv2d on the channels-last path
   std::size_t in_size = 0;              // floats per sample
@@ -66,7 +69,8 @@ class CpuNetwork final : public Network {
     // The ops point into the network's own copy of the spec, not the caller's (which may be a
     // temporary).
     const auto layers = this->spec().layers();
-    bool nhwc = false;  // layout of the current activation
+    std::vector<std::size_t> op_of(layers.size(), 0);  // a residual_begin's op
+    bool nhwc = false;                                 // layout of the current activation
     const auto to_layout = [&](bool want, const Shape& shape) {
       if (nhwc == want) return;
       nhwc = want;
@@ -106,6 +110,28 @@ class CpuNetwork final : public Network {
           to_layout(op.fast_conv != nullptr, l.input);
           break;
         case LayerKind::kMaxPool2d: op.pool = pool_geometry(l); break;
+        case LayerKind::kAvgPool2d:
+          op.pool = pool_geometry(l);
+          to_layout(false, l.input);
+          break;
+        case LayerKind::kBatchNorm:
+          op.norm = {l.input.channels, l.input.height * l.input.width, nhwc};
+          break;
+        case LayerKind::kResidualBegin:  // a projection shortcut runs NCHW
+          if (layers[l.partner].weight_count > 0) to_layout(false, l.input);
+          op_of[i] = ops_.size();
+          break;
+        case LayerKind::kResidualEnd: {
+          const Op& begin = ops_[op_of[l.partner]];
+          to_layout(begin.nhwc, l.input);  // the sum adds like to like
+          op.partner = op_of[l.partner];
+          ops_[op.partner].partner = ops_.size();
+          const Shape skip = layers[l.partner].input;
+          op.conv = {skip.channels, skip.height, skip.width,      l.out,         1,
+                     l.stride,      0,           l.output.height, l.output.width};
+          break;
+        }
+        case LayerKind::kGlobalAvgPool:
         case LayerKind::kLinear:
         case LayerKind::kDropout: to_layout(false, l.input); break;
         case LayerKind::kRelu:
@@ -130,6 +156,14 @@ class CpuNetwork final : public Network {
       if (op.layer != nullptr && op.layer->weight_count > 0) has_parameters = true;
     }
     outputs_.resize(ops_.size());
+    stats_.resize(ops_.size());
+    skip_grads_.resize(ops_.size());
+    for (std::size_t i = 0; i < ops_.size(); ++i) {
+      if (ops_[i].layer != nullptr && ops_[i].layer->kind == LayerKind::kBatchNorm) {
+        stats_[i] = FloatBuffer(2 * ops_[i].norm.channels, &memory_.activations);
+      }
+    }
+    for (const LayerView& v : this->spec().buffer_views()) buffers_.push_back(v);
     masks_.resize(ops_.size());
     argmax_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
@@ -246,7 +280,9 @@ class CpuNetwork final : public Network {
       const std::size_t begin = s == 0 ? 0 : segment_end_[s - 1];
       if (s + 1 < segments) {
         const float* x = begin == 0 ? input_ptr_ : out_ptrs_[begin - 1];
+        recomputing_ = true;
         for (std::size_t i = begin; i < end; ++i) x = forward_op(i, x, batch_, true);
+        recomputing_ = false;
       }
       for (std::size_t i = end; i-- > begin;) {
         if (!backward_op(i, dy, dx, accumulate)) return;  // nothing earlier has parameters
@@ -316,9 +352,56 @@ class CpuNetwork final : public Network {
         }
         break;
       case LayerKind::kFlatten: break;
+      default: block_backward(i, x, dy, want_dx, accumulate); break;
     }
     std::swap(dx, dy);
     return op.needs_dx;
+  }
+
+  // The backward of batchnorm, the pools and the residual ends (see backward_op).
+  void block_backward(std::size_t i, const float* x, float* dy, float* want_dx, bool accumulate) {
+    const Op& op = ops_[i];
+    const LayerSpec& l = *op.layer;
+    const std::size_t n = batch_;
+    float* grads = grads_.data();
+    switch (l.kind) {
+      case LayerKind::kBatchNorm:
+        batchnorm_backward(x, dy, params_.data() + l.weight_offset, stats_[i].data(),
+                           grads + l.weight_offset, grads + l.bias_offset, want_dx, n, op.norm,
+                           accumulate);
+        if (!accumulate) std::fill_n(grads + l.buffer_offset, l.buffer_count, 0.0f);
+        break;
+      case LayerKind::kAvgPool2d:
+        if (want_dx != nullptr) avgpool2d_backward(dy, want_dx, n, op.pool);
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (want_dx != nullptr) {
+          global_avgpool_backward(dy, want_dx, n, l.input.channels, l.input.height * l.input.width);
+        }
+        break;
+      case LayerKind::kResidualEnd: {
+        // The main branch gets dy; the shortcut's gradient waits in skip_grads_[i] for the
+        // block's residual_begin, which adds it to the main branch's.
+        float* skip_dx = ops_[op.partner].needs_dx ? skip_grads_[i].data() : nullptr;
+        if (l.weight_count > 0) {
+          const float* skip = out_ptrs_[op.partner];
+          conv2d_backward(exec_, skip, params_.data() + l.weight_offset, dy, nullptr,
+                          grads + l.weight_offset, grads + l.bias_offset, skip_dx, n, op.conv,
+                          accumulate);
+        } else if (skip_dx != nullptr) {
+          std::memcpy(skip_dx, dy, n * op.out_size * sizeof(float));
+        }
+        if (want_dx != nullptr) std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
+        break;
+      }
+      case LayerKind::kResidualBegin:
+        if (want_dx != nullptr) {
+          std::memcpy(want_dx, dy, n * op.out_size * sizeof(float));
+          add_into(want_dx, skip_grads_[op.partner].data(), n * op.out_size);
+        }
+        break;
+      default: throw KernelError("backward: unexpected layer kind");
+    }
   }
 
   void set_optimizer(const OptimizerOptions& options) override {
@@ -349,6 +432,13 @@ class CpuNetwork final : public Network {
     const std::size_t count = parameter_count();
     const std::uint64_t t = ++optimizer_steps_;
     float* state = optimizer_state_.data();
+    // The running statistics are not parameters: weight decay (and anything a trainer wrote
+    // into their gradients) must not move them.
+    saved_buffers_.clear();
+    for (const LayerView& v : buffers_) {
+      saved_buffers_.insert(saved_buffers_.end(), params_.data() + v.offset,
+                            params_.data() + v.offset + v.size);
+    }
     detail::parallel_ranges(pool_, count, kOptimizerGrain, [&](std::size_t b, std::size_t e) {
       const std::span<float> p = params_.span().subspan(b, e - b);
       const std::span<const float> g = grads_.span().subspan(b, e - b);
@@ -360,6 +450,11 @@ class CpuNetwork final : public Network {
         adam_step(o, t, p, g, {state + b, e - b}, {state + count + b, e - b});
       }
     });
+    const float* saved = saved_buffers_.data();
+    for (const LayerView& v : buffers_) {
+      std::memcpy(params_.data() + v.offset, saved, v.size * sizeof(float));
+      saved += v.size;
+    }
   }
 
   float train_step(std::span<const float> input, std::span<const std::int32_t> labels,
@@ -457,10 +552,53 @@ class CpuNetwork final : public Network {
           y = const_cast<float*>(x);  // identity: pass the input through, never written
         }
         break;
+      case LayerKind::kResidualBegin:
+        if (recompute_ && kept_[i]) {
+          std::memcpy(y, x, batch * op.out_size * sizeof(float));
+        } else {
+          y = const_cast<float*>(x);  // identity: the block's input is its shortcut's
+        }
+        break;
       case LayerKind::kFlatten: break;
+      default: block_forward(i, x, y, batch, training); break;
     }
     out_ptrs_[i] = y;
     return y;
+  }
+
+  // The forward of batchnorm, the pools and residual_end (see forward_op).
+  void block_forward(std::size_t i, const float* x, float* y, std::size_t batch, bool training) {
+    const Op& op = ops_[i];
+    const LayerSpec& l = *op.layer;
+    const float* w = params_.data() + l.weight_offset;
+    const float* b = params_.data() + l.bias_offset;
+    switch (l.kind) {
+      case LayerKind::kBatchNorm:
+        if (training) {
+          // A recomputing forward repeats one already counted in the running statistics.
+          float* running = recomputing_ ? nullptr : params_.data() + l.buffer_offset;
+          batchnorm_forward_train(x, y, w, b, stats_[i].data(), running, batch, op.norm);
+        } else {
+          batchnorm_forward_eval(x, y, w, b, params_.data() + l.buffer_offset, batch, op.norm);
+        }
+        break;
+      case LayerKind::kAvgPool2d: avgpool2d_forward(x, y, batch, op.pool); break;
+      case LayerKind::kGlobalAvgPool:
+        global_avgpool_forward(x, y, batch, l.input.channels, l.input.height * l.input.width);
+        break;
+      case LayerKind::kResidualEnd: {
+        const float* skip = out_ptrs_[op.partner];
+        if (l.weight_count > 0) {
+          conv2d_forward(exec_, skip, w, b, y, batch, op.conv, false);
+          add_into(y, x, batch * op.out_size);
+        } else {
+          std::memcpy(y, x, batch * op.out_size * sizeof(float));
+          add_into(y, skip, batch * op.out_size);
+        }
+        break;
+      }
+      default: throw KernelError("forward: unexpected layer kind");
+    }
   }
 
   // Where op i's output, max-pool indices and dropout mask live: buffers of their own, or with
@@ -496,53 +634,22 @@ class CpuNetwork final : public Network {
     return 0;
   }
 
-  // Chooses the checkpoint segments: a segment [a, b) keeps op b-1's output (the next segment's
-  // input; the last is the logits) and recomputes the rest into a scratch arena shared by all
-  // segments, so a training step holds the kept outputs plus the largest segment's arena (per
-  // sample). For every arena size T that some segment needs, dynamic programming finds the
-  // segmentation with the fewest kept floats whose segments all fit T; the best T + kept wins,
-  // the larger T (fewer recomputed floats) on a tie.
+  // Chooses the checkpoint segments (segments.h) and lays out the arena.
   void plan_segments() {
     const std::size_t n = ops_.size();
-    std::vector<std::size_t> outs(n + 1, 0), extras(n + 1, 0);  // prefix sums
+    std::vector<std::size_t> outs(n), extras(n);
+    std::vector<bool> may_end(n + 1, true);
     for (std::size_t i = 0; i < n; ++i) {
-      outs[i + 1] = outs[i] + ops_[i].out_size;
-      extras[i + 1] = extras[i] + extra_floats(ops_[i]);
-    }
-    const auto arena = [&](std::size_t a, std::size_t b) {  // ops [a, b), b > a
-      return outs[b - 1] - outs[a] + extras[b] - extras[a];
-    };
-    constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-    std::size_t best = kNone, best_arena = 0;
-    std::vector<std::size_t> best_from;
-    std::vector<std::size_t> cost(n + 1), from(n + 1);
-    for (std::size_t ta = 0; ta < n; ++ta) {
-      for (std::size_t tb = ta + 1; tb <= n; ++tb) {
-        const std::size_t t = arena(ta, tb);
-        std::fill(cost.begin(), cost.end(), kNone);
-        cost[0] = 0;
-        for (std::size_t b = 1; b <= n; ++b) {
-          for (std::size_t a = 0; a < b; ++a) {
-            if (cost[a] == kNone || arena(a, b) > t) continue;
-            const std::size_t c = cost[a] + ops_[b - 1].out_size;
-            if (c < cost[b]) {
-              cost[b] = c;
-              from[b] = a;
-            }
-          }
-        }
-        if (cost[n] == kNone) continue;
-        const std::size_t total = cost[n] + t;
-        if (best == kNone || total < best || (total == best && t > best_arena)) {
-          best = total;
-          best_arena = t;
-          best_from = from;
-        }
+      outs[i] = ops_[i].out_size;
+      extras[i] = extra_floats(ops_[i]);
+      // No segment ends inside a residual block: its sum reads the block's input, which must
+      // be recomputed with it (or kept).
+      const LayerSpec* l = ops_[i].layer;
+      if (l != nullptr && l->kind == LayerKind::kResidualBegin) {
+        for (std::size_t b = i + 1; b <= ops_[i].partner; ++b) may_end[b] = false;
       }
     }
-    segment_end_.clear();
-    for (std::size_t b = n; b > 0; b = best_from[b]) segment_end_.push_back(b);
-    std::reverse(segment_end_.begin(), segment_end_.end());
+    segment_end_ = plan_segment_ends(outs, extras, may_end);
     kept_.assign(n, false);
     arena_at_.assign(n, 0);
     arena_per_sample_ = 0;
@@ -596,6 +703,12 @@ class CpuNetwork final : public Network {
         masks_[i] = FloatBuffer(batch * op.out_size, &memory_.activations);
       }
     }
+    for (std::size_t i = 0; i < ops_.size(); ++i) {  // residual_end: its shortcut's gradient
+      const Op& op = ops_[i];
+      if (op.layer == nullptr || op.layer->kind != LayerKind::kResidualEnd) continue;
+      skip_grads_[i] = FloatBuffer();
+      skip_grads_[i] = FloatBuffer(batch * ops_[op.partner].out_size, &memory_.activations);
+    }
     grad_a_ = FloatBuffer();
     grad_a_ = FloatBuffer(batch * widest_, &memory_.activations);
     grad_b_ = FloatBuffer();
@@ -620,11 +733,15 @@ class CpuNetwork final : public Network {
   // Per-batch buffers: outputs for output_capacity_ samples, the rest for training_capacity_.
   std::size_t output_capacity_ = 0;
   std::size_t training_capacity_ = 0;
-  FloatBuffer input_;                 // copy of a public training forward's input
-  std::vector<FloatBuffer> outputs_;  // per op
-  std::vector<FloatBuffer> masks_;    // dropout ops
-  std::vector<FloatBuffer> argmax_;   // maxpool ops: int32 indices (see argmax())
-  FloatBuffer grad_a_, grad_b_;       // activation gradients, ping-pong
+  FloatBuffer input_;                    // copy of a public training forward's input
+  std::vector<FloatBuffer> outputs_;     // per op
+  std::vector<FloatBuffer> masks_;       // dropout ops
+  std::vector<FloatBuffer> argmax_;      // maxpool ops: int32 indices (see argmax())
+  std::vector<FloatBuffer> stats_;       // batchnorm ops: the batch's mean and 1 / stddev
+  std::vector<FloatBuffer> skip_grads_;  // residual_end ops: the shortcut's input gradient
+  std::vector<LayerView> buffers_;       // running statistics, kept out of optimizer steps
+  std::vector<float> saved_buffers_;
+  FloatBuffer grad_a_, grad_b_;  // activation gradients, ping-pong
   FloatBuffer dlogits_;
 
   std::size_t micro_batch_ = 0;  // 0: whole batches
@@ -632,6 +749,7 @@ class CpuNetwork final : public Network {
   // Recomputation (set_recompute): segment ends (exclusive, ascending, the last ops_.size()),
   // which ops' outputs are kept, and each op's offset in the arena in floats per sample.
   bool recompute_ = false;
+  bool recomputing_ = false;  // a backward's forward again: running statistics stay
   std::vector<std::size_t> segment_end_;
   std::vector<bool> kept_;
   std::vector<std::size_t> arena_at_;

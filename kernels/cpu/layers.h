@@ -119,4 +119,39 @@ void dropout_forward(const float* x, float* y, float* mask, std::size_t count, f
 // dx = dy * mask; dx may alias dy.
 void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count);
 
+// Batch normalisation over `channels` channels of `plane` positions, in either layout.
+struct BatchNormGeometry {
+  std::size_t channels = 0;
+  std::size_t plane = 1;  // H * W
+  bool nhwc = false;
+};
+// Training: normalises with the batch's statistics (over n * plane values per channel),
+// y = xhat * weight + bias. mean_invstd receives the batch mean then 1 / sqrt(var + eps)
+// (2 * channels floats, for backward). running (running_mean then running_var, 2 * channels
+// floats, see network.h) is updated unless null.
+void batchnorm_forward_train(const float* x, float* y, const float* weight, const float* bias,
+                             float* mean_invstd, float* running, std::size_t n,
+                             const BatchNormGeometry& g);
+// Evaluation: normalises with the running statistics.
+void batchnorm_forward_eval(const float* x, float* y, const float* weight, const float* bias,
+                            const float* running, std::size_t n, const BatchNormGeometry& g);
+// The gradients of a training forward: dweight, dbias (overwritten, or added into with
+// accumulate) and dx (skipped when null). x is the forward's input.
+void batchnorm_backward(const float* x, const float* dy, const float* weight,
+                        const float* mean_invstd, float* dweight, float* dbias, float* dx,
+                        std::size_t n, const BatchNormGeometry& g, bool accumulate);
+
+// Average pooling (NCHW, no padding, floor mode): each output the mean of its window; backward
+// spreads dy / kernel^2 over the window (overwriting dx, adding where windows overlap).
+void avgpool2d_forward(const float* x, float* y, std::size_t n, const PoolGeometry& g);
+void avgpool2d_backward(const float* dy, float* dx, std::size_t n, const PoolGeometry& g);
+// Global average pooling (NCHW): y[n][c] = the mean of channel c's plane.
+void global_avgpool_forward(const float* x, float* y, std::size_t n, std::size_t channels,
+                            std::size_t plane);
+void global_avgpool_backward(const float* dy, float* dx, std::size_t n, std::size_t channels,
+                             std::size_t plane);
+
+// y[i] += x[i] (a residual block's sum).
+void add_into(float* y, const float* x, std::size_t count);
+
 }  // namespace cohort::kernels::cpu

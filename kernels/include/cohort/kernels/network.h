@@ -9,6 +9,15 @@
 // conv2d weights are [out_channels][in_channels][kernel][kernel], both as in PyTorch, so a
 // PyTorch state_dict flattened in order is a valid parameter vector. The gradient vector has the
 // same layout. Activations are NCHW float, batch-major, contiguous.
+//
+// Batch normalisation keeps its running statistics in the parameter vector, after its weight
+// and bias (running_mean, then running_var, as in PyTorch's state_dict, which also holds an
+// integer num_batches_tracked that Cohort does not keep: the running statistics use a fixed
+// momentum). They are buffers, not parameters: a training forward updates them, their gradient
+// is always zero and no optimizer step changes them; but they travel with the model, so the
+// server's rules average them like any other entry (FedAvg: the sample-weighted mean of the
+// clients' statistics) and the server evaluates the global model with them. buffer_views()
+// lists them.
 #pragma once
 
 #include <cstddef>
@@ -45,10 +54,16 @@ enum class LayerKind {
   kDropout,
   kTanh,
   kSigmoid,
-  kGelu
+  kGelu,
+  kBatchNorm,
+  kAvgPool2d,
+  kGlobalAvgPool,
+  kResidualBegin,
+  kResidualEnd
 };
 
-// "linear", "relu", "conv2d", "maxpool2d", "flatten", "dropout", "tanh", "sigmoid", "gelu".
+// "linear", "relu", "conv2d", "maxpool2d", "flatten", "dropout", "tanh", "sigmoid", "gelu",
+// "batchnorm", "avgpool2d", "globalavgpool", "residual_begin", "residual_end".
 std::string_view to_string(LayerKind kind);
 
 // One layer of a NetworkSpec, with its shapes and its place in the parameter vector resolved.
@@ -66,7 +81,18 @@ struct LayerSpec {
   std::size_t weight_count = 0;
   std::size_t bias_offset = 0;
   std::size_t bias_count = 0;
+  // batchnorm: running_mean then running_var, out floats each, right after the bias.
+  std::size_t buffer_offset = 0;
+  std::size_t buffer_count = 0;
+  // residual_begin / residual_end: the index of the other end of the block.
+  std::size_t partner = 0;
 };
+
+// Batch normalisation's constants, as PyTorch's defaults: y = (x - mean) / sqrt(var + eps) *
+// weight + bias; running = (1 - momentum) * running + momentum * batch statistic, where the
+// running variance takes the unbiased batch variance and normalisation the biased one.
+inline constexpr float kBatchNormEpsilon = 1e-5f;
+inline constexpr float kBatchNormMomentum = 0.1f;
 
 // A named range of the parameter (and gradient) vector.
 struct LayerView {
@@ -99,6 +125,26 @@ class NetworkSpec {
                       std::size_t stride = 1, std::size_t padding = 0);
   // No padding, floor mode; stride 0 means stride = kernel (PyTorch's default).
   NetworkSpec& maxpool2d(std::size_t kernel, std::size_t stride = 0);
+  // No padding, floor mode; stride 0 means stride = kernel. Each output is the mean of its
+  // kernel x kernel window.
+  NetworkSpec& avgpool2d(std::size_t kernel, std::size_t stride = 0);
+  // The mean of each channel over its whole plane: output {C, 1, 1}.
+  NetworkSpec& global_avgpool();
+  // Batch normalisation over the current channels (BatchNorm2d on a CxHxW input, BatchNorm1d on
+  // a vector of C features): training normalises with the batch's statistics per channel (over
+  // the samples and positions of the batch, or of the micro-batch when training in
+  // micro-batches) and updates the running statistics; evaluation normalises with the running
+  // statistics. Parameters: weight (1) and bias (0), then the running_mean (0) and running_var
+  // (1) buffers, C floats each.
+  NetworkSpec& batchnorm();
+  // A residual block: the layers between residual_begin() and its residual_end() form the main
+  // branch F, and residual_end() outputs F(x) + S(x), where x is the block's input. S is the
+  // identity when F keeps the shape, else a 1x1 convolution (with bias) with stride s mapping
+  // x's channels to F's, where s = ceil(H / H') makes x's HxW come out as F's H'xW' (as
+  // ResNet's projection shortcut); KernelError when no stride does. Blocks nest; each must be
+  // closed before the network is run. A ReLU after the sum is a layer of its own.
+  NetworkSpec& residual_begin();
+  NetworkSpec& residual_end();
   // Output {C*H*W, 1, 1}; the data does not move (NCHW order).
   NetworkSpec& flatten();
   // Inverted dropout: while training, zeroes each element with probability p and scales the
@@ -114,15 +160,22 @@ class NetworkSpec {
   [[nodiscard]] std::size_t parameter_count() const { return parameter_count_; }
   // One view per layer with parameters (weight and bias together, contiguous).
   [[nodiscard]] std::vector<LayerView> layer_views() const;
-  // One view per tensor: "<layer>.<kind>.weight" and "<layer>.<kind>.bias", in vector order.
+  // One view per tensor: "<layer>.<kind>.weight" and "<layer>.<kind>.bias" (and a batchnorm's
+  // ".running_mean" and ".running_var"), in vector order.
   [[nodiscard]] std::vector<LayerView> tensor_views() const;
+  // The buffers among them: batch normalisation's running statistics (no gradient, never
+  // changed by an optimizer step).
+  [[nodiscard]] std::vector<LayerView> buffer_views() const;
+  // Residual blocks opened and not yet closed (a network runs only when this is 0).
+  [[nodiscard]] std::size_t open_blocks() const { return open_.size(); }
   // Human-readable, one layer per line with shapes and parameter counts.
   [[nodiscard]] std::string summary() const;
 
   // Writes PyTorch's default initialisation into params: every weight and bias of a layer with
-  // fan_in inputs per output (in, or in_channels * kernel^2) is drawn from
-  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a = sqrt(5)). Deterministic: the
-  // same seed gives the same bits on every machine and device. REQUIRES params.size() ==
+  // fan_in inputs per output (in, or in_channels * kernel^2; a residual projection: its input
+  // channels) is drawn from U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with
+  // a = sqrt(5)); batchnorm gets weight 1, bias 0, running_mean 0, running_var 1. Deterministic:
+  // the same seed gives the same bits on every machine and device. REQUIRES params.size() ==
   // parameter_count(), else KernelError.
   void initialize(std::uint64_t seed, std::span<float> params) const;
 
@@ -132,6 +185,7 @@ class NetworkSpec {
   Shape input_;
   std::vector<LayerSpec> layers_;
   std::size_t parameter_count_ = 0;
+  std::vector<std::size_t> open_;  // residual_begin layers not yet closed, innermost last
 };
 
 // The result of evaluate(): summed (not averaged) loss and the number of correct predictions.
@@ -269,7 +323,8 @@ class Network {
                               std::size_t batch) = 0;
 
  protected:
-  explicit Network(NetworkSpec spec) : spec_(std::move(spec)) {}
+  // KernelError when the spec has a residual block that is not closed.
+  explicit Network(NetworkSpec spec);
 
  private:
   NetworkSpec spec_;
