@@ -178,6 +178,29 @@ TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator")
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.5);
 }
 
+TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator") {
+  test::TempDir dir;
+  // examples/sim/own_resnet.toml as shipped, made shorter: 3 rounds of 10 clients. The server
+  // evaluates with the averaged running statistics.
+  const std::vector<std::string> overrides{
+      "sim.clients=40",
+      "server.clients_per_round=10",
+      "server.rounds=3",
+      "sim.threads=2",
+      "sim.metrics_file=" + (dir.path() / "sim.jsonl").string(),
+      "sim.progress=false"};
+  const Config config =
+      Config::load(sim_config_schema(),
+                   std::filesystem::path(COHORT_EXAMPLES_DIR) / "sim/own_resnet.toml", overrides);
+  CHECK(config.get_string("model.spec").find("res[conv:32:3:2:1, bn") != std::string::npos);
+  const Summary s = run(config);
+  CHECK(s.committed == 3);
+  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  REQUIRE(rounds.size() == 3);
+  CHECK(rounds.back()["test_loss"].get<double>() < rounds.front()["test_loss"].get<double>());
+  CHECK(rounds.back()["test_accuracy"].get<double>() > 0.6);
+}
+
 TEST_CASE("training that diverges stops after server.max_failed_rounds with a clear error") {
   // A learning rate of 1e30 makes every update non-finite; every shard refuses them, so no round
   // can commit. The coordinator gives up after 3 rounds in a row instead of retrying for ever,

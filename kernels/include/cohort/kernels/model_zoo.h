@@ -13,12 +13,20 @@
 //                           net (without its dropout)
 //   cnn:cifar               3x32x32: conv5x5x32 (pad 2)-relu-pool2-conv5x5x64 (pad 2)- 2,156,490
 //                           relu-pool2-fc512-relu-fc10
+//   cnn:resnet20            3x32x32: ResNet-20 (He et al., 2016): conv3x3x16-bn-relu,   274,442
+//   (also resnet20)         3 stages x 3 blocks (conv3x3-bn-relu-conv3x3-bn + shortcut,  (1,376 of
+//                           relu) at 16/32/64 channels, stride 2 and a 1x1 projection     them bn
+//                           shortcut entering stages 2 and 3, global average pooling,     running
+//                           fc10; convolutions keep their bias                            stats)
 //   net:INPUT,LAYER,...     your own network: INPUT is CxHxW (or a width D), each LAYER one of
 //                           conv:OUT:K[:STRIDE[:PAD]] (stride 1, pad 0 by default),
-//                           maxpool:K[:STRIDE], linear:OUT (flattens a CxHxW input), relu,
-//                           tanh, sigmoid, gelu (exact), flatten, dropout:P; input channels
-//                           and widths follow from the
-//                           layer before, e.g.
+//                           maxpool:K[:STRIDE], avgpool:K[:STRIDE], gap (global average
+//                           pooling), linear:OUT (flattens a CxHxW input), bn (batch
+//                           normalisation), relu, tanh, sigmoid, gelu (exact), flatten,
+//                           dropout:P; "res[" before a layer opens a residual block, "]" after
+//                           one closes it (identity shortcut, or a 1x1 projection with stride
+//                           where the block changes the shape); input channels and widths
+//                           follow from the layer before, e.g.
 //                           net:1x28x28,conv:16:3:1:1,relu,maxpool:2,linear:64,relu,linear:10
 //                           (white space around the commas is ignored: a TOML multi-line
 //                           string may hold one layer per line)
