@@ -106,6 +106,10 @@ class CpuNetwork final : public Network {
           if (NhwcConv::supports(op.conv)) {
             op.fast_conv = std::make_unique<NhwcConv>(op.conv, NhwcConv::choose(op.conv));
             op.fast_conv->set_tracker(&memory_.workspace);
+            // The convolutions run one at a time: their scratch is one, as large as the
+            // largest's need, not one per layer.
+            if (nhwc_scratch_ == nullptr) nhwc_scratch_ = make_nhwc_scratch(&memory_.workspace);
+            op.fast_conv->share_scratch(nhwc_scratch_);
           }
           to_layout(op.fast_conv != nullptr, l.input);
           break;
@@ -723,6 +727,7 @@ class CpuNetwork final : public Network {
 
   ThreadPool* pool_;
   Workspace workspace_;
+  std::shared_ptr<NhwcScratch> nhwc_scratch_;  // shared by the channels-last convolutions
   Exec exec_;
   FloatBuffer params_;
   FloatBuffer grads_;

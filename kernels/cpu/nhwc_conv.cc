@@ -2,6 +2,18 @@
 
 namespace cohort::kernels::cpu {
 
+std::shared_ptr<NhwcScratch> make_nhwc_scratch(MemoryTracker* tracker) {
+  auto scratch = std::make_shared<NhwcScratch>();
+  scratch->tracker = tracker;
+  scratch->dxp = FloatBuffer(0, tracker);
+  scratch->wpack_t = FloatBuffer(0, tracker);
+  return scratch;
+}
+
+void NhwcConv::share_scratch(std::shared_ptr<NhwcScratch> scratch) {
+  scratch_ = std::move(scratch);
+}
+
 NhwcConv::~NhwcConv() = default;
 NhwcConv::NhwcConv(NhwcConv&&) noexcept = default;
 NhwcConv& NhwcConv::operator=(NhwcConv&&) noexcept = default;
@@ -80,7 +92,7 @@ NhwcConv::NhwcConv(const ConvGeometry& g, Algorithm algorithm) : g_(g), algorith
 
 void NhwcConv::set_tracker(MemoryTracker* tracker) {
   tracker_ = tracker;
-  for (FloatBuffer* b : {&wpack_, &wpack_t_, &bias_}) {
+  for (FloatBuffer* b : {&wpack_, &bias_}) {
     if (b->empty()) *b = FloatBuffer(0, tracker);
   }
 }
@@ -92,20 +104,21 @@ void NhwcConv::reserve(std::size_t n, std::size_t parts) {
     // ones go first, so that growing never holds both.
     xp_ = FloatBuffer();
     dyp_ = FloatBuffer();
-    dxp_ = FloatBuffer();
     xp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack, tracker_);
     if (algorithm_ == Algorithm::kDirect) {
       const std::size_t q = g_.kernel - 1 - g_.padding;
       dyp_ =
           FloatBuffer(n * (g_.out_height + 2 * q) * (g_.out_width + 2 * q) * co + kSlack, tracker_);
-    } else {
-      dxp_ = FloatBuffer(n * pad_h_ * pad_w_ * ci + kSlack, tracker_);
     }
     capacity_ = n;
   }
-  while (parts_.size() < parts) {
-    Part& p = parts_.emplace_back();
-    for (FloatBuffer* b : {&p.v, &p.mz, &p.dv, &p.dw, &p.db}) *b = FloatBuffer(0, tracker_);
+  if (scratch_ == nullptr) scratch_ = make_nhwc_scratch(tracker_);
+  if (algorithm_ == Algorithm::kWinograd) grow(scratch_->dxp, n * pad_h_ * pad_w_ * ci + kSlack);
+  while (scratch_->parts.size() < parts) {
+    NhwcPart& p = scratch_->parts.emplace_back();
+    for (FloatBuffer* b : {&p.v, &p.mz, &p.dv, &p.dw, &p.db}) {
+      *b = FloatBuffer(0, scratch_->tracker);
+    }
   }
 }
 
@@ -285,8 +298,8 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
     // Input gradient = a stride-1 correlation of dy (padded by k-1-p) with the flipped kernel,
     // input and output channels swapped: tap (ky, kx, o) of input channel c is
     // w[o][c][k-1-ky][k-1-kx].
-    grow(wpack_t_, ((ci + width_t - 1) / width_t) * taps_t * width_t);
-    pack_panels(wpack_t_.data(), taps_t, ci, width_t, [&](std::size_t t, std::size_t c) {
+    grow(scratch_->wpack_t, ((ci + width_t - 1) / width_t) * taps_t * width_t);
+    pack_panels(scratch_->wpack_t.data(), taps_t, ci, width_t, [&](std::size_t t, std::size_t c) {
       const std::size_t o = t % co, kk = t / co, ky = kk / k, kx = kk % k;
       return w[((o * ci + c) * k + (k - 1 - ky)) * k + (k - 1 - kx)];
     });
@@ -297,7 +310,7 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
   // long as its full-width column loads stay inside each position (co a multiple of width).
   const bool in_place = dx == nullptr && relu_y == nullptr && co % width == 0;
   detail::parallel_parts(exec.pool, n, 1, [&](std::size_t part, std::size_t s0, std::size_t s1) {
-    Part& scratch = parts_[part];
+    NhwcPart& scratch = scratch_->parts[part];
     grow(scratch.dw, rows_w * cols_w);
     grow(scratch.db, co);
     float* pdw = scratch.dw.data();
@@ -344,21 +357,21 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
     if (dx != nullptr) {
       if (nv_t == 1) {
         direct_gemm<1>(s0, s1, dyp_.data(), dy_plane, positions_t_.data(), g_.height * g_.width,
-                       offsets_t_.data(), taps_t, wpack_t_.data(), ci, nullptr, false, dx);
+                       offsets_t_.data(), taps_t, scratch_->wpack_t.data(), ci, nullptr, false, dx);
       } else {
         direct_gemm<2>(s0, s1, dyp_.data(), dy_plane, positions_t_.data(), g_.height * g_.width,
-                       offsets_t_.data(), taps_t, wpack_t_.data(), ci, nullptr, false, dx);
+                       offsets_t_.data(), taps_t, scratch_->wpack_t.data(), ci, nullptr, false, dx);
       }
     }
   });
   // Sum the parts; dW^T[(ky, kx, c)][o] -> dw[o][c][ky][kx].
   for (std::size_t part = 1; part < parts; ++part) {
-    const float* src = parts_[part].dw.data();
-    float* dst = parts_[0].dw.data();
+    const float* src = scratch_->parts[part].dw.data();
+    float* dst = scratch_->parts[0].dw.data();
     for (std::size_t i = 0; i < rows_w * cols_w; ++i) dst[i] += src[i];
-    for (std::size_t c = 0; c < co; ++c) parts_[0].db[c] += parts_[part].db[c];
+    for (std::size_t c = 0; c < co; ++c) scratch_->parts[0].db[c] += scratch_->parts[part].db[c];
   }
-  const float* sum = parts_[0].dw.data();
+  const float* sum = scratch_->parts[0].dw.data();
   for (std::size_t o = 0; o < co; ++o) {
     for (std::size_t c = 0; c < ci; ++c) {
       for (std::size_t kk = 0; kk < k * k; ++kk) {
@@ -369,7 +382,7 @@ void NhwcConv::backward_direct(Exec& exec, const float* w, const float* dy, cons
     }
   }
   for (std::size_t c = 0; c < co; ++c)
-    db[c] = accumulate ? db[c] + parts_[0].db[c] : parts_[0].db[c];
+    db[c] = accumulate ? db[c] + scratch_->parts[0].db[c] : scratch_->parts[0].db[c];
 }
 
 #else  // no AVX2: can_run() is false, so no NhwcConv is ever constructed

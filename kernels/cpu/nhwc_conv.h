@@ -10,18 +10,25 @@
 //     transforms, so the gradients are those of the function the forward pass computes.
 //
 // Layout: x is [n][H][W][Ci], y and dy [n][OH][OW][Co], weights [Co][Ci][k][k] as in network.h.
-// The object keeps the padded input of the last forward() for backward() and owns all its
-// scratch, which grows to the largest batch seen and is then reused. Not thread-safe: one caller
-// at a time (it splits work over exec.pool itself).
+// The object keeps the padded input of the last forward() for backward() (and, for Winograd,
+// the weights' transform). Its scratch (per-thread blocks, the input-gradient accumulator, the
+// backward pass's packed weights) lives in an NhwcScratch, its own or one that the convolutions
+// of a network share (they run one at a time), and grows to the largest need seen, then is
+// reused. Not thread-safe: one caller at a time (it splits work over exec.pool itself).
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 #include "cohort/core/buffer.h"
 #include "layers.h"
 
 namespace cohort::kernels::cpu {
+
+// Scratch that NhwcConvs share: contents live for one forward() or backward() call only.
+struct NhwcScratch;
+std::shared_ptr<NhwcScratch> make_nhwc_scratch(MemoryTracker* tracker = nullptr);
 
 class NhwcConv {
  public:
@@ -44,6 +51,8 @@ class NhwcConv {
   [[nodiscard]] Algorithm algorithm() const { return algorithm_; }
   // Every buffer made from now on reports to tracker (call before the first forward()).
   void set_tracker(MemoryTracker* tracker);
+  // Use `scratch` (made with the same tracker) instead of an own one (before the first forward()).
+  void share_scratch(std::shared_ptr<NhwcScratch> scratch);
 
   // y = conv(x, w) + b, then max(0, .) when relu.
   void forward(Exec& exec, const float* x, const float* w, const float* b, float* y, std::size_t n,
@@ -56,8 +65,6 @@ class NhwcConv {
                 float* db, float* dx, std::size_t n, bool accumulate = false);
 
  private:
-  struct Part;  // per-thread scratch
-
   void reserve(std::size_t n, std::size_t parts);
   void pad_input(Exec& exec, const float* x, std::size_t n);
   void forward_direct(Exec& exec, const float* w, const float* b, float* y, std::size_t n,
@@ -73,19 +80,17 @@ class NhwcConv {
   Algorithm algorithm_;
   std::size_t m_ = 0;  // Winograd output tile side (2 for 5x5, 4 for 3x3)
   std::size_t tiles_y_ = 0, tiles_x_ = 0;
-  std::size_t pad_h_ = 0, pad_w_ = 0;      // padded input plane
-  std::size_t capacity_ = 0;               // samples the per-batch buffers hold
-  FloatBuffer xp_;                         // padded input [n][pad_h][pad_w][Ci], borders zero
-  FloatBuffer dyp_;                        // direct: masked dy, padded by k-1-p [n][..][..][Co]
-  FloatBuffer dxp_;                        // Winograd: padded dx accumulator
-  FloatBuffer wpack_;                      // packed weights for the forward GEMM
-  FloatBuffer wpack_t_;                    // packed (flipped / transposed) weights for the dx GEMM
-  FloatBuffer bias_;                       // bias padded to whole 16-column panels
+  std::size_t pad_h_ = 0, pad_w_ = 0;  // padded input plane
+  std::size_t capacity_ = 0;           // samples the per-batch buffers hold
+  FloatBuffer xp_;                     // padded input [n][pad_h][pad_w][Ci], borders zero
+  FloatBuffer dyp_;    // direct: masked dy, padded by k-1-p [n][..][..][Co]; zero borders
+  FloatBuffer wpack_;  // packed weights for the forward GEMM (Winograd: read by backward too)
+  FloatBuffer bias_;   // bias padded to whole 16-column panels
   std::vector<std::int32_t> offsets_;      // direct: input offset of each (ky, kx, ci) tap
   std::vector<std::int32_t> offsets_t_;    // direct: dy offset of each (ky, kx, co) tap
   std::vector<std::int32_t> positions_;    // direct: input offset of each output position
   std::vector<std::int32_t> positions_t_;  // direct: dy offset of each input position
-  std::vector<Part> parts_;
+  std::shared_ptr<NhwcScratch> scratch_;
   MemoryTracker* tracker_ = nullptr;
 };
 

@@ -21,12 +21,20 @@
 
 namespace cohort::kernels::cpu {
 
-struct NhwcConv::Part {
+// One thread's scratch.
+struct NhwcPart {
   FloatBuffer v;   // Winograd: transformed input block [36][block][Ci]
   FloatBuffer mz;  // Winograd: products (forward) or transformed dy (backward) [36][block][Co]
   FloatBuffer dv;  // Winograd: transformed input gradient block [36][block][Ci]
   FloatBuffer dw;  // partial weight gradient (direct: [taps][Co]; Winograd: [36][Co][Ci])
   FloatBuffer db;  // partial bias gradient
+};
+
+struct NhwcScratch {
+  MemoryTracker* tracker = nullptr;
+  std::vector<NhwcPart> parts;
+  FloatBuffer dxp;      // Winograd: padded dx accumulator (zeroed by each backward before use)
+  FloatBuffer wpack_t;  // packed (flipped / transposed) weights for the dx GEMM
 };
 
 #if COHORT_NHWC_AVX2

@@ -205,7 +205,7 @@ void NhwcConv::forward_winograd(Exec& exec, const float* w, const float* b, floa
   transform_weights(exec, w, k, ci, co, width, wpack_.data());
   const std::size_t per_sample = tiles_y_ * tiles_x_;
   detail::parallel_parts(exec.pool, n, 1, [&](std::size_t part, std::size_t s0, std::size_t s1) {
-    Part& scratch = parts_[part];
+    NhwcPart& scratch = scratch_->parts[part];
     grow(scratch.v, kXi * plane_floats(ci) + kSlack);
     grow(scratch.mz, kXi * plane_floats(co) + kSlack);
     for (std::size_t t0 = s0 * per_sample; t0 < s1 * per_sample; t0 += kBlockTiles) {
@@ -240,14 +240,15 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
   if (dx != nullptr) {
     // Ut packed as [xi][panel over c][o][lane], from U packed as [xi][panel over o][c][lane]:
     // 8x8 transposes.
-    grow(wpack_t_, kXi * co * ci);
+    grow(scratch_->wpack_t, kXi * co * ci);
     for (std::size_t xi = 0; xi < kXi; ++xi) {
       for (std::size_t o = 0; o < co; o += 8) {
         for (std::size_t c = 0; c < ci; c += 8) {
-          transpose8x8(
-              wpack_.data() + ((xi * panels + o / width) * ci + c) * width + o % width, width,
-              wpack_t_.data() + ((xi * panels_t + c / width_t) * co + o) * width_t + c % width_t,
-              width_t);
+          transpose8x8(wpack_.data() + ((xi * panels + o / width) * ci + c) * width + o % width,
+                       width,
+                       scratch_->wpack_t.data() +
+                           ((xi * panels_t + c / width_t) * co + o) * width_t + c % width_t,
+                       width_t);
         }
       }
     }
@@ -257,7 +258,7 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
   const std::size_t x_plane = pad_h_ * pad_w_ * ci;
   static constexpr std::int32_t kRowOffsets[kMr] = {0, 1, 2, 3, 4, 5};
   detail::parallel_parts(exec.pool, n, 1, [&](std::size_t part, std::size_t s0, std::size_t s1) {
-    Part& scratch = parts_[part];
+    NhwcPart& scratch = scratch_->parts[part];
     grow(scratch.v, kXi * plane_floats(ci) + kSlack);
     grow(scratch.mz, kXi * plane_floats(co) + kSlack);
     grow(scratch.dw, kXi * co * ci);
@@ -268,7 +269,7 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
     std::fill(pdb, pdb + co, 0.0f);
     if (dx != nullptr) {
       grow(scratch.dv, kXi * plane_floats(ci) + kSlack);
-      std::fill(dxp_.data() + s0 * x_plane, dxp_.data() + s1 * x_plane, 0.0f);
+      std::fill(scratch_->dxp.data() + s0 * x_plane, scratch_->dxp.data() + s1 * x_plane, 0.0f);
     }
     for (std::size_t t0 = s0 * per_sample; t0 < s1 * per_sample; t0 += kBlockTiles) {
       const std::size_t count = std::min(kBlockTiles, s1 * per_sample - t0);
@@ -305,13 +306,16 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
       if (dx == nullptr) continue;
       // dV = Z Ut, then dx += B dV Bt scattered onto the overlapping input tiles.
       if (nv_t == 1) {
-        transformed_gemm<1>(scratch.mz.data(), co, count, wpack_t_.data(), ci, scratch.dv.data());
+        transformed_gemm<1>(scratch.mz.data(), co, count, scratch_->wpack_t.data(), ci,
+                            scratch.dv.data());
       } else {
-        transformed_gemm<2>(scratch.mz.data(), co, count, wpack_t_.data(), ci, scratch.dv.data());
+        transformed_gemm<2>(scratch.mz.data(), co, count, scratch_->wpack_t.data(), ci,
+                            scratch.dv.data());
       }
       for (std::size_t t = 0; t < count; ++t) {
         const TileAt at = tile_at(t0 + t, tiles_y_, tiles_x_);
-        float* base = dxp_.data() + ((at.sample * pad_h_ + m * at.ty) * pad_w_ + m * at.tx) * ci;
+        float* base =
+            scratch_->dxp.data() + ((at.sample * pad_h_ + m * at.ty) * pad_w_ + m * at.tx) * ci;
         for (std::size_t c = 0; c < ci; c += 8) {
           input_transform_adjoint(scratch.dv.data() + t * ci + c, plane_floats(ci), base + c,
                                   pad_w_ * ci, ci);
@@ -323,21 +327,22 @@ void NhwcConv::backward_winograd(Exec& exec, const float* w, const float* dy, co
       for (std::size_t s = s0; s < s1; ++s) {
         for (std::size_t iy = 0; iy < g_.height; ++iy) {
           std::memcpy(dx + (s * g_.height + iy) * row,
-                      dxp_.data() + ((s * pad_h_ + iy + p) * pad_w_ + p) * ci, row * sizeof(float));
+                      scratch_->dxp.data() + ((s * pad_h_ + iy + p) * pad_w_ + p) * ci,
+                      row * sizeof(float));
         }
       }
     }
   });
   for (std::size_t part = 1; part < parts; ++part) {
-    const float* src = parts_[part].dw.data();
-    float* dst = parts_[0].dw.data();
+    const float* src = scratch_->parts[part].dw.data();
+    float* dst = scratch_->parts[0].dw.data();
     for (std::size_t i = 0; i < kXi * co * ci; ++i) dst[i] += src[i];
-    for (std::size_t c = 0; c < co; ++c) parts_[0].db[c] += parts_[part].db[c];
+    for (std::size_t c = 0; c < co; ++c) scratch_->parts[0].db[c] += scratch_->parts[part].db[c];
   }
   // dw = Gt dU G per (o, c).
-  transform_weight_gradient(exec, parts_[0].dw.data(), k, ci, co, dw, accumulate);
+  transform_weight_gradient(exec, scratch_->parts[0].dw.data(), k, ci, co, dw, accumulate);
   for (std::size_t c = 0; c < co; ++c)
-    db[c] = accumulate ? db[c] + parts_[0].db[c] : parts_[0].db[c];
+    db[c] = accumulate ? db[c] + scratch_->parts[0].db[c] : scratch_->parts[0].db[c];
 }
 
 #endif  // COHORT_NHWC_AVX2
