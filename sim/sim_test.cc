@@ -156,9 +156,9 @@ TEST_CASE("1,000 virtual clients with a small model complete their rounds") {
         doctest::Approx(rounds.back()["test_accuracy"].get<double>()).epsilon(1e-6));
 }
 
-TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator") {
-  test::TempDir dir;
-  // examples/sim/own_cnn.toml as shipped, made shorter: 3 rounds of 10 clients.
+// An example config as shipped, made shorter: 3 rounds of 10 of 40 clients. Returns its
+// per-round records (after checking that 3 committed).
+std::vector<json> run_shortened_example(const test::TempDir& dir, const char* example) {
   const std::vector<std::string> overrides{
       "sim.clients=40",
       "server.clients_per_round=10",
@@ -166,36 +166,27 @@ TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator")
       "sim.threads=2",
       "sim.metrics_file=" + (dir.path() / "sim.jsonl").string(),
       "sim.progress=false"};
-  const Config config =
-      Config::load(sim_config_schema(),
-                   std::filesystem::path(COHORT_EXAMPLES_DIR) / "sim/own_cnn.toml", overrides);
+  const Config config = Config::load(
+      sim_config_schema(), std::filesystem::path(COHORT_EXAMPLES_DIR) / example, overrides);
   CHECK(config.get_string("model.spec").starts_with("net:1x28x28,\n"));
   const Summary s = run(config);
   CHECK(s.committed == 3);
-  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  return records(dir.path() / "sim.jsonl", "sim_round");
+}
+
+TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator") {
+  test::TempDir dir;
+  const auto rounds = run_shortened_example(dir, "sim/own_cnn.toml");
   REQUIRE(rounds.size() == 3);
   CHECK(rounds.back()["test_loss"].get<double>() < rounds.front()["test_loss"].get<double>());
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.5);
 }
 
 TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator") {
+  // Residual blocks (one with a projection shortcut), batchnorm and global average pooling; the
+  // server evaluates with the averaged running statistics.
   test::TempDir dir;
-  // examples/sim/own_resnet.toml as shipped, made shorter: 3 rounds of 10 clients. The server
-  // evaluates with the averaged running statistics.
-  const std::vector<std::string> overrides{
-      "sim.clients=40",
-      "server.clients_per_round=10",
-      "server.rounds=3",
-      "sim.threads=2",
-      "sim.metrics_file=" + (dir.path() / "sim.jsonl").string(),
-      "sim.progress=false"};
-  const Config config =
-      Config::load(sim_config_schema(),
-                   std::filesystem::path(COHORT_EXAMPLES_DIR) / "sim/own_resnet.toml", overrides);
-  CHECK(config.get_string("model.spec").find("res[conv:32:3:2:1, bn") != std::string::npos);
-  const Summary s = run(config);
-  CHECK(s.committed == 3);
-  const auto rounds = records(dir.path() / "sim.jsonl", "sim_round");
+  const auto rounds = run_shortened_example(dir, "sim/own_resnet.toml");
   REQUIRE(rounds.size() == 3);
   CHECK(rounds.back()["test_loss"].get<double>() < rounds.front()["test_loss"].get<double>());
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.6);
