@@ -68,7 +68,8 @@ const std::map<std::string, std::string>& model_specs() {
   static const std::map<std::string, std::string> specs{{"mlp", "mlp:784-256-128-10"},
                                                         {"lenet5", "cnn:lenet5"},
                                                         {"2conv", "cnn:2conv"},
-                                                        {"2conv1024", "cnn:2conv:1024"}};
+                                                        {"2conv1024", "cnn:2conv:1024"},
+                                                        {"resnet20", "cnn:resnet20"}};
   return specs;
 }
 
@@ -421,7 +422,8 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"cohort-bench-train: local-training throughput, JSON lines on stdout"};
   app.add_flag("--quick", options.quick, "tiny run for CTest: synthetic data, few steps");
-  app.add_option("--models", options.models, "models: mlp, lenet5, 2conv, 2conv1024")
+  app.add_option("--models", options.models,
+                 "models: mlp, lenet5, 2conv, 2conv1024, resnet20 (on the data's 1x28x28)")
       ->delimiter(',');
   app.add_option("--threads", options.threads, "CPU kernel thread counts")->delimiter(',');
   app.add_option("--device", options.device,
@@ -452,7 +454,7 @@ int main(int argc, char** argv) {
     for (const auto& model : options.models) {
       if (!model_specs().contains(model)) {
         throw cohort::ConfigError("unknown model '" + model +
-                                  "' (known: mlp, lenet5, 2conv, 2conv1024)");
+                                  "' (known: mlp, lenet5, 2conv, 2conv1024, resnet20)");
       }
     }
     const auto [data, data_name] = load_data(options);
