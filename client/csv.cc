@@ -39,6 +39,14 @@ void split(std::string_view line, char delimiter, std::vector<std::string_view>&
   }
 }
 
+// A finite float in f (a leading '+' allowed), else false.
+bool parse_finite(std::string_view f, float& value) {
+  const char* first = f.data();
+  if (!f.empty() && f.front() == '+') ++first;
+  const auto [p, ec] = std::from_chars(first, f.data() + f.size(), value);
+  return !f.empty() && ec == std::errc() && p == f.data() + f.size() && std::isfinite(value);
+}
+
 bool is_number(std::string_view f) {
   float value = 0.0f;
   const char* first = f.data();
@@ -83,6 +91,7 @@ Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
                           const CsvOptions& options) {
   std::vector<std::string_view> fields;
   std::vector<std::int32_t> labels;
+  std::vector<float> targets;  // options.targets
   FloatBuffer features;
   std::size_t columns = 0, label_index = 0, row = 0, capacity = 0;
   Lines lines(text);
@@ -136,11 +145,24 @@ Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
     if (row == capacity) {  // sized once from the count of non-blank lines
       capacity = std::max<std::size_t>(count_rows(text), 1);
       features = FloatBuffer(capacity * (columns - 1));
-      labels.reserve(capacity);
+      if (options.targets) {
+        targets.reserve(capacity);
+      } else {
+        labels.reserve(capacity);
+      }
     }
     float* out = features.data() + row * (columns - 1);
     for (std::size_t c = 0; c < fields.size(); ++c) {
       const std::string_view f = fields[c];
+      float value = 0.0f;
+      if (c == label_index && options.targets) {
+        if (!parse_finite(f, value)) {
+          fail(origin, line_no, c + 1,
+               "expected a finite number as the target, got '" + std::string(f) + "'");
+        }
+        targets.push_back(value);
+        continue;
+      }
       if (c == label_index) {
         std::int64_t label = -1;
         const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), label);
@@ -152,20 +174,16 @@ Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
         labels.push_back(static_cast<std::int32_t>(label));
         continue;
       }
-      float value = 0.0f;
-      const char* first = f.data();
-      if (!f.empty() && f.front() == '+') ++first;
-      const auto [p, ec] = std::from_chars(first, f.data() + f.size(), value);
-      if (ec != std::errc() || p != f.data() + f.size() || f.empty() || !std::isfinite(value)) {
+      if (!parse_finite(f, value)) {
         fail(origin, line_no, c + 1, "not a finite number: '" + std::string(f) + "'");
       }
       *out++ = value * options.scale;
     }
     ++row;
   }
-  if (labels.empty()) {
-    throw DataError(std::string(origin) +
-                    ": no data rows (expected a label column and feature columns)");
+  if (row == 0) {
+    throw DataError(std::string(origin) + ": no data rows (expected a " +
+                    (options.targets ? "target" : "label") + " column and feature columns)");
   }
   const std::size_t dim = columns - 1;
   Shape shape = options.shape;
@@ -180,6 +198,8 @@ Dataset parse_csv_dataset(std::string_view text, std::string_view origin,
     features = std::move(exact);
   }
   try {
+    if (options.targets)
+      return Dataset::regression(std::move(features), std::move(targets), 1, shape);
     return Dataset(std::move(features), std::move(labels), shape, options.num_classes);
   } catch (const DataError& e) {
     throw DataError(std::string(origin) + ": " + e.what());

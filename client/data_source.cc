@@ -56,13 +56,15 @@ Dataset load_file(const DataOptions& o, const std::string& path, const std::stri
                                    .label_name = o.label_name,
                                    .header = o.header,
                                    .delimiter = o.delimiter,
-                                   .shape = o.shape});
+                                   .shape = o.shape,
+                                   .targets = o.targets});
   }
   return load_npy_dataset(path, labels,
                           {.label_column = o.label_column,
                            .shape = o.shape,
                            .features_array = arrays.front(),
-                           .labels_array = arrays.size() > 1 ? arrays[1] : std::string()});
+                           .labels_array = arrays.size() > 1 ? arrays[1] : std::string(),
+                           .targets = o.targets});
 }
 
 bool is_pattern(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
@@ -105,16 +107,27 @@ Dataset load_files(const DataOptions& o, const std::string& path, const std::str
   }
   const Shape shape = parts.front().shape();
   const std::size_t d = parts.front().feature_dim();
+  const std::size_t t = parts.front().target_dim();
   FloatBuffer features(rows * d);
   std::vector<std::int32_t> all_labels;
-  all_labels.reserve(rows);
+  std::vector<float> all_targets;
+  all_labels.reserve(t > 0 ? 0 : rows);
+  all_targets.reserve(rows * t);
   std::size_t at = 0;
-  for (auto& p : parts) {
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    auto& p = parts[i];
+    if (p.target_dim() != t) {
+      throw DataError(files[i] + ": " + std::to_string(p.target_dim()) +
+                      " targets per example, but " + files.front() + " has " + std::to_string(t) +
+                      " (" + key + " = " + path + ")");
+    }
     std::copy(p.features().begin(), p.features().end(), features.begin() + at * d);
     all_labels.insert(all_labels.end(), p.labels().begin(), p.labels().end());
+    all_targets.insert(all_targets.end(), p.targets().begin(), p.targets().end());
     at += p.size();
     p = Dataset();  // each part's memory goes as soon as it is copied
   }
+  if (t > 0) return Dataset::regression(std::move(features), std::move(all_targets), t, shape);
   return Dataset(std::move(features), std::move(all_labels), shape, classes);
 }
 
@@ -323,6 +336,11 @@ DataOptions data_options_from(const Config& config) {
 TrainTest load_data(const DataOptions& o, FeatureScaling idx_auto) {
   TrainTest out;
   FeatureScaling scale = o.scale;
+  if (o.format == DataFormat::kIdx && o.targets) {
+    throw ConfigError(
+        "train.loss = mse needs float targets: Fashion-MNIST's IDX files (data.dir) hold class "
+        "labels; give your own csv or npy files (data.train, data.test)");
+  }
   if (o.format == DataFormat::kIdx) {
     out = load_fashion_mnist(o.dir);  // pixels / 255
     if (scale.kind == FeatureScaling::Kind::kAuto) scale = idx_auto;
@@ -341,6 +359,11 @@ TrainTest load_data(const DataOptions& o, FeatureScaling idx_auto) {
           !(out.test.shape() == out.train.shape())) {
         throw DataError(o.test + ": examples of shape " + shape_text(out.test.shape()) + ", but " +
                         o.train + " has " + shape_text(out.train.shape()));
+      }
+      if (out.test.target_dim() != out.train.target_dim()) {
+        throw DataError(o.test + ": " + std::to_string(out.test.target_dim()) +
+                        " targets per example, but " + o.train + " has " +
+                        std::to_string(out.train.target_dim()));
       }
     }
     if (scale.kind == FeatureScaling::Kind::kAuto) scale = {FeatureScaling::Kind::kNone, 1.0};
@@ -371,6 +394,22 @@ void check_model_input(const kernels::NetworkSpec& spec, std::string_view model_
                     std::to_string(in.height) + "x" + std::to_string(in.width) + "), but " +
                     std::string(data_name) + " has " + std::to_string(have) +
                     " features per example (" + shape_text(data.shape()) + ")");
+}
+
+void check_model_output(const kernels::NetworkSpec& spec, std::string_view model_name,
+                        const Dataset& data, std::string_view data_name) {
+  const std::size_t outputs = spec.output_size();
+  if (data.is_regression() && data.target_dim() != outputs) {
+    throw ConfigError("the model " + std::string(model_name) + " has " + std::to_string(outputs) +
+                      " outputs, but " + std::string(data_name) + " has " +
+                      std::to_string(data.target_dim()) +
+                      " targets per example (train.loss = mse fits one output to each)");
+  }
+  if (!data.is_regression() && data.num_classes() > outputs) {
+    throw ConfigError("the model " + std::string(model_name) + " has " + std::to_string(outputs) +
+                      " outputs, but " + std::string(data_name) + " has labels up to " +
+                      std::to_string(data.num_classes() - 1));
+  }
 }
 
 }  // namespace cohort::client

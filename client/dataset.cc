@@ -13,6 +13,7 @@ Dataset::Dataset(FloatBuffer features, std::vector<std::int32_t> labels, Shape s
     : features_(std::move(features)),
       labels_(std::move(labels)),
       shape_(shape),
+      size_(labels_.size()),
       num_classes_(num_classes) {
   if (features_.size() != labels_.size() * shape_.size()) {
     throw DataError("dataset: " + std::to_string(features_.size()) + " feature values for " +
@@ -32,10 +33,40 @@ Dataset::Dataset(FloatBuffer features, std::vector<std::int32_t> labels, Shape s
   }
 }
 
+Dataset Dataset::regression(FloatBuffer features, std::vector<float> targets,
+                            std::size_t target_dim, Shape shape) {
+  if (target_dim == 0) throw DataError("dataset: regression targets need at least one value");
+  if (targets.size() % target_dim != 0) {
+    throw DataError("dataset: " + std::to_string(targets.size()) + " target values are not " +
+                    std::to_string(target_dim) + " per example");
+  }
+  const std::size_t n = targets.size() / target_dim;
+  if (features.size() != n * shape.size()) {
+    throw DataError("dataset: " + std::to_string(features.size()) + " feature values for " +
+                    std::to_string(n) + " examples of " + std::to_string(shape.size()) +
+                    " features each");
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (!std::isfinite(targets[i])) {
+      throw DataError("dataset: target " + std::to_string(i % target_dim + 1) + " of example " +
+                      std::to_string(i / target_dim + 1) + " is not a finite number");
+    }
+  }
+  Dataset out;
+  out.features_ = std::move(features);
+  out.targets_ = std::move(targets);
+  out.shape_ = shape;
+  out.size_ = n;
+  out.target_dim_ = target_dim;
+  return out;
+}
+
 Dataset Dataset::subset(std::span<const std::uint32_t> indices) const {
   const std::size_t d = feature_dim();
+  const std::size_t t = target_dim_;
   FloatBuffer features(indices.size() * d);
-  std::vector<std::int32_t> labels(indices.size());
+  std::vector<std::int32_t> labels(is_regression() ? 0 : indices.size());
+  std::vector<float> targets(indices.size() * t);
   for (std::size_t k = 0; k < indices.size(); ++k) {
     const std::size_t i = indices[k];
     if (i >= size()) {
@@ -43,8 +74,13 @@ Dataset Dataset::subset(std::span<const std::uint32_t> indices) const {
                       std::to_string(size()) + " examples");
     }
     std::copy_n(features_.data() + i * d, d, features.data() + k * d);
-    labels[k] = labels_[i];
+    if (is_regression()) {
+      std::copy_n(targets_.data() + i * t, t, targets.data() + k * t);
+    } else {
+      labels[k] = labels_[i];
+    }
   }
+  if (is_regression()) return regression(std::move(features), std::move(targets), t, shape_);
   return Dataset(std::move(features), std::move(labels), shape_, num_classes_);
 }
 

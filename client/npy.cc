@@ -290,6 +290,15 @@ std::int32_t label_value(const NpyArray& a, std::size_t i, std::size_t row, std:
   return static_cast<std::int32_t>(v);
 }
 
+float target_value(const NpyArray& a, std::size_t i, std::size_t row, std::size_t column) {
+  const double v = a.at(i);
+  if (!std::isfinite(v) || std::abs(v) > 3.4e38) {
+    fail(a.origin() + ":" + std::to_string(row + 1) + ":" + std::to_string(column + 1),
+         "expected a finite number as the target, got " + std::to_string(v));
+  }
+  return static_cast<float>(v);
+}
+
 }  // namespace
 
 Dataset load_npy_dataset(const std::filesystem::path& features_path,
@@ -304,7 +313,7 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
   if (x.shape().empty() || n == 0)
     fail(x.origin(), "no rows (an array of shape (N, ...) with N > 0)");
   std::vector<std::int32_t> labels;
-  labels.reserve(n);
+  if (!options.targets) labels.reserve(n);
   std::size_t dim = x.row_size();
   long label_column = -1;  // in x, or -1 with a labels file
   std::optional<OpenArray> labels_source;
@@ -313,7 +322,20 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
                           npz ? options.labels_array : std::string());
   }
   const NpyArray* y = labels_source ? &*labels_source->array : nullptr;
-  if (y != nullptr) {
+  std::vector<float> targets;  // options.targets
+  std::size_t target_dim = 1;
+  if (y != nullptr && options.targets) {
+    target_dim = y->row_size();
+    if (y->rows() != n || y->shape().empty() || y->shape().size() > 2 || target_dim == 0) {
+      fail(y->origin(), "expected " + std::to_string(n) + " targets (shape (" + std::to_string(n) +
+                            ",) or (" + std::to_string(n) + ", T)) for the " + std::to_string(n) +
+                            " rows of " + x.origin());
+    }
+    targets.reserve(n * target_dim);
+    for (std::size_t i = 0; i < n * target_dim; ++i) {
+      targets.push_back(target_value(*y, i, i / target_dim, i % target_dim));
+    }
+  } else if (y != nullptr) {
     if (y->rows() != n || y->row_size() != 1) {
       fail(y->origin(), "expected " + std::to_string(n) + " labels (shape (" + std::to_string(n) +
                             ",)) for the " + std::to_string(n) + " rows of " + x.origin());
@@ -354,6 +376,10 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
   const std::size_t width = x.row_size();
   for (std::size_t r = 0; r < n; ++r) {
     for (std::size_t c = 0; c < width; ++c) {
+      if (static_cast<long>(c) == label_column && options.targets) {
+        targets.push_back(target_value(x, r * width + c, r, c));
+        continue;
+      }
       if (static_cast<long>(c) == label_column) {
         labels.push_back(label_value(x, r * width + c, r, c));
         continue;
@@ -367,6 +393,9 @@ Dataset load_npy_dataset(const std::filesystem::path& features_path,
     }
   }
   try {
+    if (options.targets) {
+      return Dataset::regression(std::move(features), std::move(targets), target_dim, shape);
+    }
     return Dataset(std::move(features), std::move(labels), shape, options.num_classes);
   } catch (const DataError& e) {
     throw DataError((y != nullptr ? y->origin() : x.origin()) + ": " + e.what());

@@ -28,6 +28,7 @@
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/loss.h"
 #include "cohort/kernels/model_zoo.h"
+#include "cohort/kernels/regression.h"
 #include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
 #include "fatal_report.h"
@@ -160,12 +161,39 @@ class Participant {
     send_fatal_report(*coordinator_, current_round_, why, name());
   }
 
+  // The loss comes with the coordinator's Welcome, after registering (which says the data's
+  // size): the files are read as class labels, or, when their labels are not classes (3.25,
+  // shape (N, 2), ...), as regression targets for train.loss = mse. on_welcome() then reads
+  // integer targets again as such, or stops with the class-label error.
   void load_data() {
-    auto data = client::load_data(options_.data);
+    TrainTest data;
+    try {
+      data = client::load_data(options_.data);
+    } catch (const DataError& e) {
+      const auto kind = options_.partition.kind;
+      if (options_.data.format == DataFormat::kIdx || kind == PartitionKind::kShards ||
+          kind == PartitionKind::kDirichlet) {
+        throw;  // no regression reading to fall back on (shards and dirichlet split by class)
+      }
+      auto as_targets = options_.data;
+      as_targets.targets = true;
+      try {
+        data = client::load_data(as_targets);
+      } catch (const Error&) {
+        throw e;  // neither: the class-label reading's error, as before
+      }
+      label_error_ = e.what();
+      COHORT_LOG(Info) << name() << ": not class labels (" << label_error_
+                       << "): read as regression targets, for train.loss = mse";
+    }
+    take_data(std::move(data));
+  }
+
+  void take_data(TrainTest data) {
     train_ = std::move(data.train);
     test_ = std::move(data.test);
-    auto partition = make_partition(options_.partition, train_.labels(), options_.part_count,
-                                    options_.data_seed);
+    auto partition =
+        make_partition(options_.partition, train_, options_.part_count, options_.data_seed);
     indices_ = std::move(partition[options_.part_index]);
     partition_text_ = options_.partition.to_string() + " " + std::to_string(options_.part_index) +
                       "/" + std::to_string(options_.part_count);
@@ -231,14 +259,6 @@ class Participant {
                             " parameters, " + w.model_spec + " has " +
                             std::to_string(spec.parameter_count()));
       }
-      // A model that cannot take this client's examples stops it at once, saying both.
-      check_model_input(spec, w.model_spec, train_, options_.data.describe());
-      if (train_.num_classes() > spec.output_size()) {
-        throw ConfigError("the model " + w.model_spec + " has " +
-                          std::to_string(spec.output_size()) + " outputs, but " +
-                          options_.data.describe() + " has labels up to " +
-                          std::to_string(train_.num_classes() - 1));
-      }
       // Training options come from the server, so every client trains alike.
       ConfigSchema schema;
       schema.add_section("train", "");
@@ -246,6 +266,10 @@ class Participant {
       train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
       auto section = train_cfg.section("train");
       options_train_ = trainer_options_from(section);
+      match_data_to_loss();
+      // A model that cannot take this client's examples stops it at once, saying both.
+      check_model_input(spec, w.model_spec, train_, options_.data.describe());
+      check_model_output(spec, w.model_spec, train_, options_.data.describe());
       net_ = device_->make_network(spec);
       net_->init(options_.data_seed);
       plan_memory(w.model_spec);
@@ -275,6 +299,19 @@ class Participant {
     }
     COHORT_LOG(Info) << name() << ": joined (" << w.model_spec << ", " << w.model_size
                      << " parameters, " << shards().size() << " shards)";
+  }
+
+  // The data as the coordinator's train.loss reads it (load_data()): class labels, or float
+  // targets for mse, each client's rows unchanged (iid and quantity split by size only).
+  void match_data_to_loss() {
+    const bool mse = options_train_.loss == LossKind::kMse;
+    if (mse == train_.is_regression()) return;
+    if (!mse) throw DataError(label_error_);  // the coordinator trains classes
+    const std::size_t rows = train_.size();
+    auto as_targets = options_.data;
+    as_targets.targets = true;
+    take_data(client::load_data(as_targets));  // IDX: ConfigError
+    COHORT_CHECK(train_.size() == rows) << "the training file changed while the client ran";
   }
 
   // The tighter of client.memory_budget and the coordinator's train.memory_budget; a model that
@@ -328,7 +365,7 @@ class Participant {
       auto eval = trainer_->evaluate(test_);
       report.evaluated = true;
       report.eval_loss = static_cast<float>(eval.loss);
-      report.eval_accuracy = static_cast<float>(eval.accuracy);
+      report.eval_accuracy = eval.has_accuracy ? static_cast<float>(eval.accuracy) : 0.0f;
       report.eval_count = eval.count;
       send_report(report);
       return;
@@ -475,6 +512,8 @@ class Participant {
     const auto seed = options_.data_seed * 7919ULL + options_.part_index;
     std::vector<float> x(batch * train_.feature_dim());
     std::vector<std::int32_t> y(batch);
+    std::vector<float> targets;  // train.loss = mse
+    kernels::RegressionBuffers regression;
     double loss_sum = 0;
     double compute_s = 0;
     auto params = net_->parameters();
@@ -490,13 +529,22 @@ class Participant {
                                      : dataparallel_batch(indices_, step, batch, seed);
       cursor += rows.size();
       x.resize(rows.size() * train_.feature_dim());
-      y.resize(rows.size());
+      y.resize(train_.is_regression() ? 0 : rows.size());
+      targets.resize(rows.size() * train_.target_dim());
       for (std::size_t r = 0; r < rows.size(); ++r) {
         const auto row = train_.row(rows[r]);
         std::copy(row.begin(), row.end(), x.begin() + static_cast<std::ptrdiff_t>(r * row.size()));
-        y[r] = train_.labels()[rows[r]];
+        if (train_.is_regression()) {
+          const auto t = train_.target_row(rows[r]);
+          std::copy(t.begin(), t.end(),
+                    targets.begin() + static_cast<std::ptrdiff_t>(r * t.size()));
+        } else {
+          y[r] = train_.labels()[rows[r]];
+        }
       }
-      loss_sum += net_->compute_gradients(x, y, rows.size());
+      loss_sum += train_.is_regression()
+                      ? kernels::regression_gradients(*net_, x, targets, rows.size(), &regression)
+                      : net_->compute_gradients(x, y, rows.size());
       if (assigned > 0) {  // d(sum of losses) = b x d(mean loss): the gradient becomes a sum
         const auto b = static_cast<float>(rows.size());
         for (float& g : net_->gradients()) g *= b;
@@ -557,6 +605,7 @@ class Participant {
   std::deque<Message> deferred_;
   std::chrono::milliseconds heartbeat_{2000};
   Dataset train_, test_;
+  std::string label_error_;  // why the files were read as regression targets (load_data())
   std::vector<std::uint32_t> indices_;
   std::string partition_text_;
   std::string model_spec_;

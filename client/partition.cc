@@ -326,4 +326,24 @@ Partition make_partition(const PartitionSpec& spec, std::span<const std::int32_t
   return out;
 }
 
+Partition make_partition(const PartitionSpec& spec, const Dataset& data, std::size_t n_clients,
+                         std::uint64_t seed) {
+  if (!data.is_regression()) return make_partition(spec, data.labels(), n_clients, seed);
+  Partition out;
+  switch (spec.kind) {
+    case PartitionKind::kIid: out = partition_iid(data.size(), n_clients, seed); break;
+    case PartitionKind::kQuantity:
+      out = partition_quantity(data.size(), n_clients, spec.beta, seed);
+      break;
+    case PartitionKind::kShards:
+    case PartitionKind::kDirichlet:
+      throw ConfigError("data.partition = " + spec.to_string() +
+                        " splits the examples by class label, and regression targets "
+                        "(train.loss = mse) have none: use iid or quantity:BETA");
+  }
+  COHORT_LOG(Info) << "partition spec=" << spec.to_string() << " clients=" << out.size()
+                   << " examples=" << data.size() << " seed=" << seed << " (regression targets)";
+  return out;
+}
+
 }  // namespace cohort::client

@@ -10,6 +10,7 @@
 #include "cohort/core/error.h"
 #include "cohort/core/random.h"
 #include "cohort/kernels/loss.h"
+#include "cohort/kernels/regression.h"
 
 namespace cohort::client {
 namespace {
@@ -108,6 +109,16 @@ LrSchedule parse_lr_schedule(std::string_view spec) {
   return out;
 }
 
+LossKind parse_loss_kind(std::string_view text) {
+  if (text == "cross_entropy") return LossKind::kCrossEntropy;
+  if (text == "mse") return LossKind::kMse;
+  throw ConfigError("train.loss must be cross_entropy or mse, got '" + std::string(text) + "'");
+}
+
+std::string_view to_string(LossKind kind) {
+  return kind == LossKind::kMse ? "mse" : "cross_entropy";
+}
+
 void validate(const TrainerOptions& options) {
   if (options.batch_size == 0) throw ConfigError("trainer: batch_size must be >= 1");
   if (options.eval_batch_size == 0) throw ConfigError("trainer: eval_batch_size must be >= 1");
@@ -117,6 +128,12 @@ void validate(const TrainerOptions& options) {
   }
   if (options.epochs == 0 && options.steps == 0) {
     throw ConfigError("trainer: set epochs >= 1 or steps >= 1");
+  }
+  if (options.loss == LossKind::kMse && options.rule != "stock") {
+    // A plug-in's rule is handed the options, but rules written for class labels would read
+    // the labels a regression dataset does not have: refused rather than trained wrong.
+    throw ConfigError("train.loss = mse is trained by the stock rule only, not train.rule = '" +
+                      options.rule + "'");
   }
   if (!(options.prox_mu >= 0) || !std::isfinite(options.prox_mu)) {
     throw ConfigError("trainer: prox_mu must be a finite number >= 0, got " +
@@ -136,7 +153,7 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
       "beta1",           "beta2",     "epsilon",
       "lr_schedule",     "prox_mu",   "reset_optimizer_state",
       "eval_batch_size", "device",    "threads",
-      "memory_budget",   "rule"};
+      "memory_budget",   "rule",      "loss"};
   section.require_known(kKnown);
   TrainerOptions o;
   o.batch_size = non_negative(section, "batch_size", o.batch_size);
@@ -159,6 +176,7 @@ TrainerOptions trainer_options_from(const ConfigSection& section) {
   o.prox_mu = section.get_double("prox_mu", o.prox_mu);
   o.reset_optimizer_state = section.get_bool("reset_optimizer_state", o.reset_optimizer_state);
   o.rule = section.get_string("rule", o.rule);
+  o.loss = parse_loss_kind(section.get_string("loss", std::string(to_string(o.loss))));
   validate(o);
   return o;
 }
@@ -191,6 +209,9 @@ void declare_trainer_options(ConfigSchema& schema, std::string_view prefix) {
       .add(p + "rule", d.rule,
            "local training rule: stock, or NAME[:ARGUMENT] of one a plug-in adds (--plugin; "
            "cohort/client/local_training.h)")
+      .add(p + "loss", std::string(to_string(d.loss)),
+           "cross_entropy (class labels; test loss and accuracy) or mse (float targets, the "
+           "mean squared error; test loss only)")
       .add(p + "memory_budget", i64(d.memory_budget),
            "training memory budget in bytes (0: none): micro-batches with accumulation keep "
            "batch_size the effective batch; refused with the minimum when nothing fits");
@@ -235,6 +256,17 @@ void LocalTrainer::check_fits(const Dataset& data) const {
                     std::to_string(spec.input_shape().size()) + " (" +
                     kernels::to_string(spec.input_shape()) + ")");
   }
+  if (data.is_regression() != regression()) {
+    throw DataError(regression() ? "train.loss = mse needs float targets (a regression dataset), "
+                                   "but the dataset holds class labels"
+                                 : "train.loss = cross_entropy needs class labels, but the "
+                                   "dataset holds regression targets (train.loss = mse)");
+  }
+  if (data.is_regression() && data.target_dim() != network_.output_size()) {
+    throw DataError("dataset has " + std::to_string(data.target_dim()) +
+                    " targets per example but the model outputs " +
+                    std::to_string(network_.output_size()));
+  }
   if (data.num_classes() > network_.output_size()) {
     throw DataError("dataset has " + std::to_string(data.num_classes()) +
                     " classes but the model outputs " + std::to_string(network_.output_size()));
@@ -243,29 +275,48 @@ void LocalTrainer::check_fits(const Dataset& data) const {
 
 void LocalTrainer::gather(const Dataset& data, std::span<const std::uint32_t> rows) {
   const std::size_t d = data.feature_dim();
+  const std::size_t t = data.target_dim();
   if (batch_x_.size() < rows.size() * d) batch_x_.resize(rows.size() * d);
-  if (batch_y_.size() < rows.size()) batch_y_.resize(rows.size());
+  if (data.is_regression()) {
+    if (batch_t_.size() < rows.size() * t) batch_t_.resize(rows.size() * t);
+  } else if (batch_y_.size() < rows.size()) {
+    batch_y_.resize(rows.size());
+  }
   const float* src = data.features().data();
   const auto labels = data.labels();
+  const auto targets = data.targets();
   float* dst = batch_x_.data();
   for (std::size_t k = 0; k < rows.size(); ++k) {
     const std::size_t i = rows[k];
     std::copy_n(src + i * d, d, dst + k * d);
-    batch_y_[k] = labels[i];
+    if (data.is_regression()) {
+      std::copy_n(targets.data() + i * t, t, batch_t_.data() + k * t);
+    } else {
+      batch_y_[k] = labels[i];
+    }
   }
 }
 
-float LocalTrainer::proximal_step(std::size_t batch) {
-  const auto input =
-      std::span<const float>(batch_x_.data(), batch * network_.spec().input_shape().size());
-  const auto labels = std::span<const std::int32_t>(batch_y_.data(), batch);
-  const float loss = network_.compute_gradients(input, labels, batch);
-  // FedProx (1.12): grad += mu * (w - w_start).
+void LocalTrainer::add_proximal_term() {
   const auto params = std::as_const(network_).parameters();
   const auto grads = network_.gradients();
   const auto mu = static_cast<float>(options_.prox_mu);
   const float* start = start_params_.data();
   for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += mu * (params[i] - start[i]);
+}
+
+float LocalTrainer::step_batch(std::size_t batch) {
+  const auto input =
+      std::span<const float>(batch_x_.data(), batch * network_.spec().input_shape().size());
+  const auto labels = std::span<const std::int32_t>(batch_y_.data(), regression() ? 0 : batch);
+  if (!regression() && options_.prox_mu == 0) return network_.train_step(input, labels, batch);
+  const float loss =
+      regression() ? kernels::regression_gradients(
+                         network_, input,
+                         std::span<const float>(batch_t_.data(), batch * network_.output_size()),
+                         batch, &regression_buffers_)
+                   : network_.compute_gradients(input, labels, batch);
+  if (options_.prox_mu > 0) add_proximal_term();
   network_.step();
   return loss;
 }
@@ -340,14 +391,7 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
         network_.set_learning_rate(lr);
         current_lr_ = lr;
       }
-      float loss = 0;
-      if (options_.prox_mu > 0) {
-        loss = proximal_step(batch);
-      } else {
-        loss =
-            network_.train_step(std::span<const float>(batch_x_.data(), batch * data.feature_dim()),
-                                std::span<const std::int32_t>(batch_y_.data(), batch), batch);
-      }
+      const float loss = step_batch(batch);
       loss_sum += static_cast<double>(loss) * static_cast<double>(batch);
       result.samples += batch;
     }
@@ -356,7 +400,10 @@ TrainResult LocalTrainer::train_rows(const Dataset& data, std::span<const std::u
   result.mean_loss = loss_sum / static_cast<double>(result.samples);
   const kernels::MemoryReport memory = network_.memory();
   if (memory.tracked) {
-    result.peak_bytes = memory.peak.total + batch_x_.bytes() + batch_y_.capacity() * 4;
+    result.peak_bytes = memory.peak.total + batch_x_.bytes() + batch_y_.capacity() * 4 +
+                        (batch_t_.capacity() + regression_buffers_.dloss.capacity() +
+                         regression_buffers_.gradient_sum.capacity()) *
+                            4;
   }
   const std::size_t m = network_.micro_batch();
   result.micro_batch = m == 0 || m >= B ? B : m;
@@ -374,15 +421,15 @@ EvalResult LocalTrainer::evaluate_rows(const Dataset& data, std::span<const std:
   const std::size_t B = network_.micro_batch() > 0
                             ? std::min(options_.eval_batch_size, options_.batch_size)
                             : options_.eval_batch_size;
+  const std::size_t t = data.target_dim();
   double loss_sum = 0.0;
   std::size_t correct = 0;
   for (std::size_t begin = 0; begin < n; begin += B) {
     const std::size_t batch = std::min(B, n - begin);
-    kernels::Evaluation e;
+    // Rows are contiguous with `all`: evaluate straight from the dataset, no copy.
+    std::span<const float> x;
     if (all) {
-      // Rows are contiguous: evaluate straight from the dataset, no copy.
-      e = network_.evaluate(data.features().subspan(begin * d, batch * d),
-                            data.labels().subspan(begin, batch), batch);
+      x = data.features().subspan(begin * d, batch * d);
     } else {
       for (std::size_t k = 0; k < batch; ++k) {
         if (indices[begin + k] >= data.size()) {
@@ -391,16 +438,26 @@ EvalResult LocalTrainer::evaluate_rows(const Dataset& data, std::span<const std:
         }
       }
       gather(data, indices.subspan(begin, batch));
-      e = network_.evaluate(std::span<const float>(batch_x_.data(), batch * d),
-                            std::span<const std::int32_t>(batch_y_.data(), batch), batch);
+      x = std::span<const float>(batch_x_.data(), batch * d);
     }
+    if (regression()) {
+      const auto targets = all ? data.targets().subspan(begin * t, batch * t)
+                               : std::span<const float>(batch_t_.data(), batch * t);
+      loss_sum += kernels::evaluate_regression(network_, x, targets, batch).squared_error_sum;
+      continue;
+    }
+    const auto labels = all ? data.labels().subspan(begin, batch)
+                            : std::span<const std::int32_t>(batch_y_.data(), batch);
+    const kernels::Evaluation e = network_.evaluate(x, labels, batch);
     loss_sum += e.loss_sum;
     correct += e.correct;
   }
   EvalResult out;
   out.count = n;
+  out.has_accuracy = !regression();
   if (n > 0) {
-    out.loss = loss_sum / static_cast<double>(n);
+    // mse: the mean over every output of every example, as in training.
+    out.loss = loss_sum / static_cast<double>(regression() ? n * t : n);
     out.accuracy = static_cast<double>(correct) / static_cast<double>(n);
   }
   return out;

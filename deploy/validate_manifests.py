@@ -104,7 +104,7 @@ CLIENT_SECTIONS = {"compressor"}
 TRAIN_KEYS = {
     "batch_size", "epochs", "steps", "drop_last", "optimizer", "lr", "momentum", "nesterov",
     "weight_decay", "beta1", "beta2", "epsilon", "lr_schedule", "prox_mu", "reset_optimizer_state",
-    "eval_batch_size", "device", "threads", "memory_budget", "rule",
+    "eval_batch_size", "device", "threads", "memory_budget", "rule", "loss",
 }
 SERVER_MODES = {"federated", "fedbuff", "dataparallel", "decentralized"}
 # Keys of the guessed contract that the binaries do not have, with what to do instead.

@@ -65,4 +65,21 @@ std::size_t count_correct(std::span<const float> logits, std::span<const std::in
   return correct;
 }
 
+float mean_squared_error(std::span<const float> outputs, std::span<const float> targets,
+                         std::span<float> dloss) {
+  detail::check_size("mean_squared_error targets", targets.size(), outputs.size());
+  const bool want_grad = !dloss.empty();
+  if (want_grad) detail::check_size("mean_squared_error dloss", dloss.size(), outputs.size());
+  const std::size_t n = outputs.size();
+  if (n == 0) return 0.0f;
+  const double scale = 2.0 / static_cast<double>(n);
+  double total = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double diff = static_cast<double>(outputs[i]) - static_cast<double>(targets[i]);
+    total += diff * diff;
+    if (want_grad) dloss[i] = static_cast<float>(scale * diff);  // after reading outputs[i]
+  }
+  return static_cast<float>(total / static_cast<double>(n));
+}
+
 }  // namespace cohort::kernels

@@ -32,7 +32,7 @@ TEST_CASE("softmax cross-entropy is stable for huge logits") {
 TEST_CASE("softmax cross-entropy gradient matches finite differences") {
   // Mean over a batch of 3, 5 classes. Loss is smooth; h = 1e-3 in float logits gives a
   // central-difference error ~ h^2 * |f'''| + 6e-8 / h, below 1e-4; tolerance 1e-3 + 1e-2 rel.
-  std::vector<float> logits{0.3f, -1.2f, 2.0f, 0.0f, 0.7f,  1.5f, 1.4f, -0.3f,
+  std::vector<float> logits{0.3f, -1.2f, 2.0f, 0.0f, 0.7f, 1.5f,  1.4f, -0.3f,
                             0.2f, -2.0f, 0.1f, 0.1f, 0.9f, -0.8f, 3.0f};
   const std::vector<std::int32_t> labels{2, 0, 4};
   std::vector<float> grad(logits.size());
@@ -65,6 +65,44 @@ TEST_CASE("softmax cross-entropy rejects bad labels and sizes") {
   CHECK_THROWS_AS(softmax_cross_entropy(logits, ok, 4), KernelError);
   std::vector<float> small(5);
   CHECK_THROWS_AS(softmax_cross_entropy(logits, ok, 3, small), KernelError);
+}
+
+TEST_CASE("mean squared error is PyTorch's MSELoss: the mean over batch x outputs") {
+  // Two samples of three outputs: squared errors 1, 0, 4 and 9, 0.25, 0 -> 14.25 / 6.
+  const std::vector<float> outputs{1.0f, 2.0f, 3.0f, -1.0f, 0.5f, 0.0f};
+  const std::vector<float> targets{0.0f, 2.0f, 5.0f, 2.0f, 0.0f, 0.0f};
+  CHECK(mean_squared_error(outputs, targets) == doctest::Approx(14.25 / 6));
+  CHECK(mean_squared_error(std::span<const float>(), std::span<const float>()) == 0.0f);
+  std::vector<float> small(5);
+  CHECK_THROWS_AS(mean_squared_error(outputs, small), KernelError);
+  CHECK_THROWS_AS(mean_squared_error(outputs, targets, small), KernelError);
+}
+
+TEST_CASE("mean squared error gradient matches finite differences") {
+  // A batch of 3 with T = 2. The loss is quadratic, so the central difference is exact up to
+  // float rounding of the loss (~1e-7 relative): h = 1e-2 keeps that below 1e-4.
+  std::vector<float> outputs{0.3f, -1.2f, 2.0f, 0.0f, 0.7f, 1.5f};
+  const std::vector<float> targets{1.0f, -1.0f, 0.5f, 0.25f, -2.0f, 1.5f};
+  std::vector<float> grad(outputs.size());
+  mean_squared_error(outputs, targets, grad);
+  const float h = 1e-2f;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const float saved = outputs[i];
+    outputs[i] = saved + h;
+    const double up = mean_squared_error(outputs, targets);
+    outputs[i] = saved - h;
+    const double down = mean_squared_error(outputs, targets);
+    outputs[i] = saved;
+    const double numeric = (up - down) / (2.0 * h);
+    INFO("output " << i);
+    CHECK(std::abs(numeric - grad[i]) <= 1e-4 + 1e-3 * std::abs(grad[i]));
+    CHECK(grad[i] == doctest::Approx(2.0 * (outputs[i] - targets[i]) / 6.0));
+  }
+  // dloss may alias the outputs.
+  std::vector<float> inplace = outputs;
+  const float loss = mean_squared_error(inplace, targets, inplace);
+  CHECK(loss == doctest::Approx(mean_squared_error(outputs, targets)));
+  for (std::size_t i = 0; i < grad.size(); ++i) CHECK(inplace[i] == doctest::Approx(grad[i]));
 }
 
 TEST_CASE("count_correct takes the first maximum") {

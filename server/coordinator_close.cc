@@ -250,9 +250,12 @@ void Coordinator::finish(const char* why) {
     e.body = transport::Bye{why};
     out_.send(shards_[i].peer, std::move(e));
   }
+  // train.loss = mse: the final test MSE instead of an accuracy it does not have.
   metrics_.write(
       "done", {{"rounds", committed_},
-               {"final_accuracy", static_cast<double>(report_.last_accuracy())},
+               report_.regression()
+                   ? MetricField{"final_test_loss", static_cast<double>(report_.last_loss())}
+                   : MetricField{"final_accuracy", static_cast<double>(report_.last_accuracy())},
                {"total_uplink_bytes", report_.total_uplink()},
                {"wall_seconds", std::chrono::duration<double>(clock_.now() - started_).count()}});
 }

@@ -25,10 +25,11 @@ bool Line::ready(TimePoint now) const {
 }
 
 RoundReport::RoundReport(const Clock& clock, MetricsSink& metrics, bool buffered,
-                         std::uint64_t rounds, double dp_noise, double dp_delta)
+                         std::uint64_t rounds, double dp_noise, double dp_delta, bool regression)
     : clock_(clock),
       metrics_(metrics),
       buffered_(buffered),
+      regression_(regression),
       rounds_(rounds),
       dp_noise_(dp_noise),
       dp_delta_(dp_delta),
@@ -97,16 +98,24 @@ void RoundReport::print(const Line& line) {
   char dp[48] = "";
   if (r.epsilon >= 0)
     std::snprintf(dp, sizeof dp, " | DP eps %.3g (delta %.0e)", r.epsilon, dp_delta_);
+  // train.loss = mse: "test mse X" and no accuracy (a regression has none).
+  char test[64];
+  if (regression_) {
+    std::snprintf(test, sizeof test, "test mse %s",
+                  eval ? std::to_string(eval->eval_loss).substr(0, 8).c_str() : "-");
+  } else {
+    std::snprintf(
+        test, sizeof test, "test loss %s | accuracy %s",
+        eval ? std::to_string(eval->eval_loss).substr(0, 6).c_str() : "-",
+        eval ? (std::to_string(eval->eval_accuracy * 100).substr(0, 5) + "%").c_str() : "-");
+  }
   std::snprintf(line_text, sizeof line_text,
-                "%s %3llu/%llu | %s %zu/%zu | train loss %.4f | test loss %s | "
-                "accuracy %s | %s (up %s) | %.1fs (train %.1fs, comm %.1fs)%s | ETA %.0fs",
+                "%s %3llu/%llu | %s %zu/%zu | train loss %.4f | %s | %s (up %s) | %.1fs (train "
+                "%.1fs, comm %.1fs)%s | ETA %.0fs",
                 buffered_ ? "step " : "round", static_cast<unsigned long long>(done),
                 static_cast<unsigned long long>(rounds_), buffered_ ? "updates" : "clients",
-                r.clients, r.selected, r.train_loss,
-                eval ? std::to_string(eval->eval_loss).substr(0, 6).c_str() : "-",
-                eval ? (std::to_string(eval->eval_accuracy * 100).substr(0, 5) + "%").c_str() : "-",
-                human_bytes(r.bytes).c_str(), human_bytes(r.uplink).c_str(), r.round_s, r.train_s,
-                r.comm_s, dp, eta);
+                r.clients, r.selected, r.train_loss, test, human_bytes(r.bytes).c_str(),
+                human_bytes(r.uplink).c_str(), r.round_s, r.train_s, r.comm_s, dp, eta);
   std::printf("%s\n", line_text);
   std::fflush(stdout);
   std::vector<MetricField> f{{"round", done},
@@ -124,9 +133,10 @@ void RoundReport::print(const Line& line) {
                              {"wall_seconds", elapsed}};
   if (eval) {
     f.push_back({"test_loss", static_cast<double>(eval->eval_loss)});
-    f.push_back({"test_accuracy", static_cast<double>(eval->eval_accuracy)});
+    if (!regression_) f.push_back({"test_accuracy", static_cast<double>(eval->eval_accuracy)});
     f.push_back({"test_count", eval->eval_count});
     last_accuracy_ = eval->eval_accuracy;
+    last_loss_ = eval->eval_loss;
   }
   if (r.epsilon >= 0) {
     f.push_back({"dp_epsilon", r.epsilon});

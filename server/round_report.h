@@ -56,10 +56,12 @@ struct Line {
 
 class RoundReport {
  public:
-  // `rounds`: server.rounds (for the ETA); `buffered`: FedBuff's wording ("step", "updates").
-  // The clock's now() is the start of training, for the ETA and wall_seconds.
+  // `rounds`: server.rounds (for the ETA); `buffered`: FedBuff's wording ("step", "updates");
+  // `regression`: train.loss = mse, whose evaluations have a test loss (the MSE) and no
+  // accuracy, so neither the lines nor the metrics show one. The clock's now() is the start of
+  // training, for the ETA and wall_seconds.
   RoundReport(const Clock& clock, MetricsSink& metrics, bool buffered, std::uint64_t rounds,
-              double dp_noise, double dp_delta);
+              double dp_noise, double dp_delta, bool regression = false);
 
   // Queues a committed round's line (FedBuff: it takes the reports that were waiting first),
   // then prints what is ready.
@@ -77,6 +79,9 @@ class RoundReport {
   [[nodiscard]] bool empty() const { return lines_.empty(); }
   [[nodiscard]] std::size_t pending() const { return lines_.size(); }
   [[nodiscard]] float last_accuracy() const { return last_accuracy_; }
+  // The last evaluation's test loss (regression: the MSE); 0 before any.
+  [[nodiscard]] float last_loss() const { return last_loss_; }
+  [[nodiscard]] bool regression() const { return regression_; }
   [[nodiscard]] double total_uplink() const { return total_uplink_; }
 
  private:
@@ -85,6 +90,7 @@ class RoundReport {
   const Clock& clock_;
   MetricsSink& metrics_;
   bool buffered_;
+  bool regression_;
   std::uint64_t rounds_;
   double dp_noise_, dp_delta_;
   TimePoint started_;
@@ -92,6 +98,7 @@ class RoundReport {
   std::deque<TaskReport> waiting_reports_;  // FedBuff: reports no step's line has taken yet
   double total_bytes_ = 0, total_uplink_ = 0;
   float last_accuracy_ = 0;
+  float last_loss_ = 0;
 };
 
 }  // namespace cohort::server

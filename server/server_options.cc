@@ -40,6 +40,7 @@ TrainForward train_forward(const ConfigSection& train) {
   t.epochs = static_cast<std::uint32_t>(train.get_int("epochs", 1));
   t.steps = static_cast<std::uint32_t>(train.get_int("steps", 0));
   t.batch_size = static_cast<std::uint32_t>(train.get_int("batch_size", 64));
+  t.regression = train.get_string("loss", "cross_entropy") == "mse";  // validated: options.cc
   return t;
 }
 

@@ -133,6 +133,8 @@ struct DpOptions {
 struct TrainForward {
   std::string toml;  // the section as "name = value" lines (the Welcome's training_toml)
   std::uint32_t epochs = 1, steps = 0, batch_size = 64;
+  // train.loss = mse: the clients' evaluations report the test MSE as their loss and no accuracy.
+  bool regression = false;
 };
 
 struct ServerOptions {

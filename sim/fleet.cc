@@ -185,7 +185,7 @@ void Fleet::load() {
   auto data = client::load_data(sim_.data.source);
   train_ = std::move(data.train);
   test_ = std::move(data.test);
-  partition_ = make_partition(sim_.data.partition, train_.labels(), n_, sim_.data.seed);
+  partition_ = make_partition(sim_.data.partition, train_, n_, sim_.data.seed);
   partition_text_ = sim_.data.partition.to_string();
   if (!sim_.profile.trace.empty()) trace_ = read_profile_trace(sim_.profile.trace);
   COHORT_LOG(Info) << "cohort-sim: " << n_ << " virtual clients (" << partition_text_ << "), "
@@ -257,6 +257,7 @@ void Fleet::setup_model(const transport::Welcome& w) {
   spec_ = kernels::make_network_spec(w.model_spec);
   model_size_ = spec_.parameter_count();
   client::check_model_input(spec_, w.model_spec, train_, sim_.data.source.describe());
+  client::check_model_output(spec_, w.model_spec, train_, sim_.data.source.describe());
   // Clients in flight (pulled or pulling, training, waiting to push in order): enough to hide
   // the hops between fleet, shards and training threads when local work is small, within a
   // 64 MiB budget of model copies, and at least two per training thread.

@@ -405,7 +405,7 @@ void Fleet::on_evaluated(Job& job) {
   r.comm_seconds = 0;
   r.evaluated = true;
   r.eval_loss = static_cast<float>(job.eval.loss);
-  r.eval_accuracy = static_cast<float>(job.eval.accuracy);
+  r.eval_accuracy = job.eval.has_accuracy ? static_cast<float>(job.eval.accuracy) : 0.0f;
   r.eval_count = job.eval.count;
   send_report(job, r);
   --in_flight_;
@@ -413,8 +413,10 @@ void Fleet::on_evaluated(Job& job) {
   job.delta.reset();
   evaluated_[job.rs.round] = job.eval;
   summary_.eval_cpu_seconds += job.train_cpu_s;
-  summary_.final_accuracy = job.eval.accuracy;
+  // train.loss = mse: the loss is the test MSE, and there is no accuracy.
+  summary_.final_accuracy = job.eval.has_accuracy ? job.eval.accuracy : -1.0;
   summary_.final_loss = job.eval.loss;
+  summary_.regression = !job.eval.has_accuracy;
   evals_.erase(
       std::remove_if(evals_.begin(), evals_.end(), [&](const auto& j) { return j.get() == &job; }),
       evals_.end());
@@ -435,6 +437,7 @@ void Fleet::flush_records(bool all) {
       rec.evaluated = true;
       rec.test_loss = ev->second.loss;
       rec.test_accuracy = ev->second.accuracy;
+      rec.has_accuracy = ev->second.has_accuracy;
       evaluated_.erase(ev);
     }
     write_record(rec);

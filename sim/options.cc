@@ -116,6 +116,9 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.log_dir = config.get_string("sim.log_dir");
   o.data.dir = config.get_string("data.dir");
   o.data.source = client::data_options_from(config);
+  // train.loss = mse reads the files' labels as float targets (IDX is refused when loading).
+  o.data.source.targets =
+      trainer_options_from(config.section("train")).loss == client::LossKind::kMse;
   for (const char* key : {"data.format", "data.train", "data.test", "data.train_labels",
                           "data.test_labels", "data.arrays", "data.test_arrays", "data.label",
                           "data.header", "data.delimiter", "data.shape", "data.scale"}) {

@@ -66,7 +66,7 @@ void Reporter::write(const RoundRecord& r, double wall) {
   }
   if (r.evaluated) {
     f.push_back({"test_loss", r.test_loss});
-    f.push_back({"test_accuracy", r.test_accuracy});
+    if (r.has_accuracy) f.push_back({"test_accuracy", r.test_accuracy});
   }
   f.push_back({"wall_round_seconds", r.wall_round_s});
   f.push_back({"wall_train_seconds", r.wall_train_s});
@@ -81,7 +81,7 @@ void Reporter::write(const RoundRecord& r, double wall) {
         static_cast<unsigned long long>(r.seq), static_cast<unsigned long long>(r.round_id),
         r.committed ? 1 : 0, r.selected, r.completed, r.cut, r.stragglers, r.silent, loss,
         r.evaluated ? std::to_string(r.test_loss).c_str() : "",
-        r.evaluated ? std::to_string(r.test_accuracy).c_str() : "",
+        r.evaluated && r.has_accuracy ? std::to_string(r.test_accuracy).c_str() : "",
         static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(total_bytes_),
         r.sim_round_s, r.sim_total_s, r.wall_round_s, r.wall_train_s, wall);
     csv_ << line;
@@ -121,6 +121,8 @@ void Reporter::write_summary(const Summary& s) {
   if (s.final_accuracy >= 0) {
     f.push_back({"final_accuracy", s.final_accuracy});
     f.push_back({"final_loss", s.final_loss});
+  } else if (s.regression) {
+    f.push_back({"final_loss", s.final_loss});  // the test MSE
   }
   f.push_back({"wall_seconds", s.wall_seconds});
   metrics_.write("sim_summary", f);
@@ -141,15 +143,17 @@ void Reporter::print_progress(const ProgressView& v, bool round_done) {
                   v.wall_s);
     line = buf;
   } else {
-    std::string acc = "-", loss = "-";
+    std::string acc = " | accuracy -", loss = "loss -";
     if (have_last_ && last_.evaluated) {
-      std::snprintf(buf, sizeof buf, "%.2f%%", last_.test_accuracy * 100);
-      acc = buf;
-      std::snprintf(buf, sizeof buf, "%.4f", last_.test_loss);
+      // train.loss = mse: the test loss is the MSE, and no accuracy is shown.
+      std::snprintf(buf, sizeof buf, " | accuracy %.2f%%", last_.test_accuracy * 100);
+      acc = last_.has_accuracy ? buf : "";
+      std::snprintf(buf, sizeof buf, last_.has_accuracy ? "loss %.4f" : "mse %.6g",
+                    last_.test_loss);
       loss = buf;
     }
     std::snprintf(buf, sizeof buf,
-                  "round %llu/%llu | clients %zu/%zu | test loss %s | accuracy %s | %s | "
+                  "round %llu/%llu | clients %zu/%zu | test %s%s | %s | "
                   "simulated %s | wall %.0fs | ETA %.0fs",
                   static_cast<unsigned long long>(v.round),
                   static_cast<unsigned long long>(v.rounds), v.reported, v.selected, loss.c_str(),

@@ -43,6 +43,7 @@ struct RoundRecord {
   double wall_round_s = 0, wall_train_s = 0, wall_train_cpu_s = 0;
   bool evaluated = false;
   double test_loss = 0, test_accuracy = 0;
+  bool has_accuracy = true;  // false for train.loss = mse: test_loss is the MSE, no accuracy
 };
 
 // What the progress line shows, filled in by the fleet.

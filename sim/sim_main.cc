@@ -90,13 +90,17 @@ int main(int argc, char** argv) {
     if (processes) return cohort::sim::run_processes(config, own_dir(), g_stop, plugins, rules);
     const auto registries = cohort::builtin_registries();
     const auto s = cohort::sim::run_in_process(config, registries, g_stop, rules);
+    // train.loss = mse has no accuracy: the final test MSE instead.
+    const std::string final_eval =
+        s.regression ? "final test mse " + std::to_string(s.final_loss)
+        : s.final_accuracy >= 0
+            ? "final accuracy " + std::to_string(s.final_accuracy * 100).substr(0, 5) + "%"
+            : "final accuracy -";
     std::printf(
         "cohort-sim: %llu rounds (%llu committed), simulated %.1f s (%.2f h), wall %.1f s, "
-        "final accuracy %s, %.2f GB moved\n",
+        "%s, %.2f GB moved\n",
         static_cast<unsigned long long>(s.rounds), static_cast<unsigned long long>(s.committed),
-        s.sim_seconds, s.sim_seconds / 3600, s.wall_seconds,
-        s.final_accuracy >= 0 ? (std::to_string(s.final_accuracy * 100).substr(0, 5) + "%").c_str()
-                              : "-",
+        s.sim_seconds, s.sim_seconds / 3600, s.wall_seconds, final_eval.c_str(),
         static_cast<double>(s.bytes) / 1e9);
     if (!s.participation.empty()) {
       const auto [lo, hi] = std::minmax_element(s.participation.begin(), s.participation.end());

@@ -1,4 +1,6 @@
-// CSV datasets: one example per line, one integer class-label column and numeric feature columns.
+// CSV datasets: one example per line, one integer class-label column and numeric feature columns;
+// or, for regression (CsvOptions::targets, train.loss = mse), the same column read as one float
+// target per example (T = 1).
 //
 // Every failure is a one-line DataError naming the file, line and column (both from 1, as editors
 // count), e.g. "iris.csv:17: expected 5 columns, got 4" or "iris.csv:3:2: not a finite number:
@@ -33,11 +35,13 @@ struct CsvOptions {
   Shape shape = {0, 0, 0};
   // 0 means max label + 1.
   std::size_t num_classes = 0;
+  // Regression: the label column holds a finite float target (a Dataset::regression with T = 1).
+  bool targets = false;
 };
 
 // Loads the whole file. Blank lines are skipped; fields may be surrounded by spaces. Labels must be
-// non-negative integers. Throws DataError for a missing file, a ragged row, a non-numeric field or
-// a bad label, and for a file with no rows.
+// non-negative integers (targets: finite numbers). Throws DataError for a missing file, a ragged
+// row, a non-numeric field or a bad label or target, and for a file with no rows.
 Dataset load_csv_dataset(const std::filesystem::path& path, const CsvOptions& options = {});
 
 // The same, from text already in memory; `origin` names it in errors.

@@ -24,6 +24,11 @@
 //                                           standard deviation over all features, applied to
 //                                           both sets (each client computes them on its own
 //                                           training file: with local files they differ)
+//
+// Regression (train.loss = mse; DataOptions::targets): the label column of a CSV or .npy file is
+// a finite float target (T = 1), and a labels array (data.train_labels, or a .npz's second
+// member) of shape (N,) or (N, T) gives T targets per example; Fashion-MNIST's IDX files hold
+// class labels and are refused. Targets are used as stored (data.scale scales features only).
 #pragma once
 
 #include <string>
@@ -61,6 +66,9 @@ struct DataOptions {
   char delimiter = ',';
   Shape shape = {0, 0, 0};
   FeatureScaling scale;
+  // Regression (train.loss = mse): load float targets instead of class labels. Not a data.* key:
+  // each program sets it from its train.loss.
+  bool targets = false;
 
   // "Fashion-MNIST (IDX, DIR)" or "csv FILE (test FILE)", for logs and banners.
   [[nodiscard]] std::string describe() const;
@@ -75,7 +83,8 @@ DataOptions data_options_from(const Config& config);
 
 // The training set and the test set, scaled. idx_auto: what
 // data.scale = auto means for IDX pixels. DataError (one line, naming the file, and the line and
-// column of a bad value) for anything wrong in the files.
+// column of a bad value) for anything wrong in the files (also training and test files with
+// different numbers of targets); ConfigError for options.targets with IDX files.
 TrainTest load_data(const DataOptions& options,
                     FeatureScaling idx_auto = FeatureScaling{FeatureScaling::Kind::kDivide, 255});
 
@@ -83,5 +92,10 @@ TrainTest load_data(const DataOptions& options,
 // the data and their shape.
 void check_model_input(const kernels::NetworkSpec& spec, std::string_view model_name,
                        const Dataset& data, std::string_view data_name);
+
+// ConfigError unless the model's outputs fit the data: as many outputs as the targets per example
+// (regression), or at least as many as the classes. One line naming the model and the data.
+void check_model_output(const kernels::NetworkSpec& spec, std::string_view model_name,
+                        const Dataset& data, std::string_view data_name);
 
 }  // namespace cohort::client

@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cohort/client/dataset.h"
+
 namespace cohort::client {
 
 // One index list per client.
@@ -63,6 +65,12 @@ Partition partition_quantity(std::size_t n_items, std::size_t n_clients, double 
 // client's label histogram at Debug.
 Partition make_partition(const PartitionSpec& spec, std::span<const std::int32_t> labels,
                          std::size_t n_clients, std::uint64_t seed);
+
+// The same for a dataset: a regression dataset (Dataset::regression, train.loss = mse) has no
+// class labels, so iid and quantity split it by size, and shards and dirichlet, which split by
+// label, are refused (ConfigError, one line naming the spec).
+Partition make_partition(const PartitionSpec& spec, const Dataset& data, std::size_t n_clients,
+                         std::uint64_t seed);
 
 // counts[client][label] for labels in [0, num_classes).
 std::vector<std::vector<std::size_t>> label_histogram(const Partition& partition,

@@ -12,6 +12,10 @@
 // Network::train_step; with mu > 0 it is forward, host loss, backward, a host edit of the
 // gradients and step, so on CUDA each FedProx step moves parameters and gradients across the bus.
 //
+// train.loss = mse trains a regression instead (kernels/regression.h): the dataset's float
+// targets (Dataset::regression), the mean squared error as the loss, and evaluation reporting it
+// with no accuracy. Each step is forward, host loss, backward and step, as with FedProx.
+//
 // One LocalTrainer drives one Network; it holds only batch buffers, so a simulator keeps one per
 // worker thread and passes each client's indices, seed and schedule position in. Not thread-safe.
 // Throws ConfigError for bad options, DataError when the data does not fit the network (feature
@@ -31,6 +35,7 @@
 #include "cohort/kernels/memory_plan.h"
 #include "cohort/kernels/network.h"
 #include "cohort/kernels/optimizer.h"
+#include "cohort/kernels/regression.h"
 
 namespace cohort::client {
 
@@ -58,6 +63,16 @@ struct LrSchedule {
 // Parses the forms to_string() writes. Throws ConfigError naming the spec and the valid forms.
 LrSchedule parse_lr_schedule(std::string_view spec);
 
+// train.loss: what local training minimises and evaluation reports. kCrossEntropy: softmax
+// cross-entropy over integer class labels (test loss and accuracy); kMse: the mean squared error
+// over float targets, averaged over every output of every example as PyTorch's MSELoss (test
+// loss only: a regression has no accuracy).
+enum class LossKind { kCrossEntropy, kMse };
+
+// "cross_entropy" or "mse"; ConfigError listing both otherwise.
+LossKind parse_loss_kind(std::string_view text);
+std::string_view to_string(LossKind kind);
+
 struct TrainerOptions {
   std::size_t batch_size = 64;
   std::size_t epochs = 1;  // used when steps == 0
@@ -76,17 +91,20 @@ struct TrainerOptions {
   // train.rule: the local training rule the client and the simulator run, "NAME" or
   // "NAME:ARGUMENT" (cohort/client/local_training.h); "stock" is this LocalTrainer.
   std::string rule = "stock";
+  // train.loss. kMse needs regression data (Dataset::regression) and the stock rule.
+  LossKind loss = LossKind::kCrossEntropy;
 };
 
-// Throws ConfigError naming the field (batch_size 0, no epochs or steps, negative mu, ...).
+// Throws ConfigError naming the field (batch_size 0, no epochs or steps, negative mu, loss = mse
+// with a rule other than stock, ...).
 void validate(const TrainerOptions& options);
 
 // Reads a config section (e.g. config.section("train")). Keys, all optional (defaults as in
 // TrainerOptions): batch_size, epochs, steps, drop_last, optimizer (sgd|adam|adamw), lr,
 // momentum, nesterov, weight_decay, beta1, beta2, epsilon, lr_schedule, prox_mu,
-// reset_optimizer_state, eval_batch_size, memory_budget, rule; `device` and `threads` are accepted
-// and read by device_choice_from(). Throws ConfigError for any other key or a bad value, and
-// validates.
+// reset_optimizer_state, eval_batch_size, memory_budget, rule, loss; `device` and `threads` are
+// accepted and read by device_choice_from(). Throws ConfigError for any other key or a bad value,
+// and validates.
 TrainerOptions trainer_options_from(const ConfigSection& section);
 
 // Declares the keys above (plus `device` = "cpu" and `threads` = 1) under `prefix` with
@@ -115,8 +133,9 @@ struct TrainResult {
 
 struct EvalResult {
   std::size_t count = 0;
-  double loss = 0.0;      // mean cross-entropy
-  double accuracy = 0.0;  // fraction correct
+  double loss = 0.0;         // mean cross-entropy, or (train.loss = mse) the mean squared error
+  double accuracy = 0.0;     // fraction correct; 0 when has_accuracy is false
+  bool has_accuracy = true;  // false for train.loss = mse: a regression has no accuracy
 };
 
 // Plans training of `network` (made by `device`, named model_name in messages) under
@@ -142,8 +161,9 @@ class LocalTrainer {
   // The same over every row of `data` (centralized training).
   TrainResult train(const Dataset& data, std::uint64_t seed, std::size_t first_step = 0);
 
-  // Loss and accuracy over data's rows `indices`, or over every row, in batches of
-  // eval_batch_size. Dropout off; touches no gradient or optimizer state.
+  // Loss and accuracy (train.loss = mse: the mean squared error, no accuracy) over data's rows
+  // `indices`, or over every row, in batches of eval_batch_size. Dropout off; touches no gradient
+  // or optimizer state.
   EvalResult evaluate(const Dataset& data, std::span<const std::uint32_t> indices);
   EvalResult evaluate(const Dataset& data);
 
@@ -156,15 +176,21 @@ class LocalTrainer {
   TrainResult train_rows(const Dataset& data, std::span<const std::uint32_t> indices, bool all,
                          std::uint64_t seed, std::size_t first_step, std::size_t steps);
   EvalResult evaluate_rows(const Dataset& data, std::span<const std::uint32_t> indices, bool all);
-  // Copies the given rows into batch_x_ / batch_y_.
+  // Copies the given rows into batch_x_ and batch_y_ (regression: batch_t_).
   void gather(const Dataset& data, std::span<const std::uint32_t> rows);
-  float proximal_step(std::size_t batch);
+  // One optimizer step on the gathered batch; returns its mean loss.
+  float step_batch(std::size_t batch);
+  // FedProx (1.12): grad += mu * (w - w_start).
+  void add_proximal_term();
+  [[nodiscard]] bool regression() const { return options_.loss == LossKind::kMse; }
 
   kernels::Network& network_;
   TrainerOptions options_;
   std::vector<std::uint32_t> order_;
   FloatBuffer batch_x_;
   std::vector<std::int32_t> batch_y_;
+  std::vector<float> batch_t_;  // regression targets
+  kernels::RegressionBuffers regression_buffers_;
   FloatBuffer start_params_;  // FedProx's w_start
   float current_lr_ = -1.0f;
 };

@@ -1,4 +1,5 @@
-// Classification loss on the host: softmax cross-entropy over logits, and argmax accuracy.
+// Losses on the host: softmax cross-entropy over logits and argmax accuracy (classification), and
+// the mean squared error (regression, train.loss = mse).
 #pragma once
 
 #include <cstddef>
@@ -18,5 +19,14 @@ float softmax_cross_entropy(std::span<const float> logits, std::span<const std::
 // Number of rows whose largest logit (first one on ties) is at the label's index.
 std::size_t count_correct(std::span<const float> logits, std::span<const std::int32_t> labels,
                           std::size_t classes);
+
+// Mean squared error as PyTorch's MSELoss (reduction = 'mean'): the mean over all batch x T
+// elements of (outputs - targets)^2, where outputs and targets are batch x T row-major (T = the
+// network's output size; only their sizes are compared, so T need not be given). Accumulated
+// in double. If dloss is not empty it receives d(loss)/d(outputs) = 2 (outputs - targets) / n,
+// n = outputs.size(), in the same layout; it may alias outputs. An empty batch has loss 0.
+// Throws KernelError on mismatched sizes.
+float mean_squared_error(std::span<const float> outputs, std::span<const float> targets,
+                         std::span<float> dloss = {});
 
 }  // namespace cohort::kernels

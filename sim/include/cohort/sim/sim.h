@@ -19,11 +19,12 @@ namespace cohort::sim {
 ConfigSchema sim_config_schema();
 
 struct Summary {
-  std::uint64_t rounds = 0;      // rounds run (committed or not)
-  std::uint64_t committed = 0;   // rounds with at least server.min_updates updates
-  double sim_seconds = 0.0;      // simulated wall-clock time of the fleet
-  double final_accuracy = -1.0;  // last evaluation (-1: none)
-  double final_loss = 0.0;
+  std::uint64_t rounds = 0;          // rounds run (committed or not)
+  std::uint64_t committed = 0;       // rounds with at least server.min_updates updates
+  double sim_seconds = 0.0;          // simulated wall-clock time of the fleet
+  double final_accuracy = -1.0;      // last evaluation (-1: none, or train.loss = mse)
+  double final_loss = 0.0;           // last evaluation's test loss (mse: the mean squared error)
+  bool regression = false;           // train.loss = mse: final_loss is the test MSE, no accuracy
   std::uint64_t bytes = 0;           // payload bytes of training rounds, as planned per client
   std::uint64_t bytes_measured = 0;  // the same as counted per virtual client from what it was
                                      // given and sent (a shared pull counts for each client that
