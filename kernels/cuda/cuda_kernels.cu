@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "../random.h"
+#include "cohort/kernels/network.h"
 #include "cuda_kernels.h"
 #include "cuda_util.h"
 
@@ -220,6 +221,175 @@ __global__ void multiply_kernel(const float* a, const float* b, float* out, std:
   COHORT_GRID_STRIDE(i, count) { out[i] = a[i] * b[i]; }
 }
 
+// Batch normalisation reductions: one block per channel, kReduceThreads threads striding over
+// the channel's n * plane values (consecutive threads read consecutive positions of a plane).
+// Sums in double (as the CPU does), so the statistics hardly depend on the summation order.
+constexpr int kReduceThreads = 512;
+
+// Sums one double per thread over the block; every thread gets the total.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();  // shared is reused by the next call
+  return total;
+}
+
+__device__ std::size_t channel_at(std::size_t m, int c, int channels, int plane) {
+  const std::size_t sample = m / plane;
+  return (sample * channels + c) * plane + m % plane;
+}
+
+__global__ void batchnorm_stats_kernel(const float* x, float* running, float* stats, int n,
+                                       int channels, int plane, float momentum, float epsilon) {
+  __shared__ double shared[kReduceThreads];
+  const int c = blockIdx.x;
+  const std::size_t count = static_cast<std::size_t>(n) * plane;
+  double sum = 0.0;
+  for (std::size_t m = threadIdx.x; m < count; m += blockDim.x) {
+    sum += x[channel_at(m, c, channels, plane)];
+  }
+  const double mean = block_sum(sum, shared) / static_cast<double>(count);
+  double squares = 0.0;
+  for (std::size_t m = threadIdx.x; m < count; m += blockDim.x) {
+    const double d = x[channel_at(m, c, channels, plane)] - mean;
+    squares += d * d;
+  }
+  squares = block_sum(squares, shared);
+  if (threadIdx.x != 0) return;
+  const double var = squares / static_cast<double>(count);
+  const double unbiased = count > 1 ? squares / static_cast<double>(count - 1) : var;
+  stats[c] = static_cast<float>(mean);
+  stats[channels + c] = static_cast<float>(1.0 / sqrt(var + epsilon));
+  running[c] = (1.0f - momentum) * running[c] + momentum * stats[c];
+  running[channels + c] =
+      (1.0f - momentum) * running[channels + c] + momentum * static_cast<float>(unbiased);
+}
+
+__global__ void batchnorm_running_stats_kernel(const float* running, float* stats, int channels,
+                                               float epsilon) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  stats[c] = running[c];
+  stats[channels + c] = 1.0f / sqrtf(running[channels + c] + epsilon);
+}
+
+__global__ void batchnorm_apply_kernel(const float* x, float* y, const float* weight,
+                                       const float* bias, const float* stats, int channels,
+                                       int plane, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) {
+    const int c = static_cast<int>((i / plane) % channels);
+    y[i] = (x[i] - stats[c]) * stats[channels + c] * weight[c] + bias[c];
+  }
+}
+
+__global__ void batchnorm_sums_kernel(const float* x, const float* dy, float* stats, float* dweight,
+                                      float* dbias, int n, int channels, int plane) {
+  __shared__ double shared[kReduceThreads];
+  const int c = blockIdx.x;
+  const std::size_t count = static_cast<std::size_t>(n) * plane;
+  const float mean = stats[c], invstd = stats[channels + c];
+  double sum_dy = 0.0, sum_dy_xhat = 0.0;
+  for (std::size_t m = threadIdx.x; m < count; m += blockDim.x) {
+    const std::size_t at = channel_at(m, c, channels, plane);
+    const double g = dy[at];
+    sum_dy += g;
+    sum_dy_xhat += g * static_cast<double>((x[at] - mean) * invstd);
+  }
+  const double total_dy = block_sum(sum_dy, shared);
+  const double total_dy_xhat = block_sum(sum_dy_xhat, shared);
+  if (threadIdx.x != 0) return;
+  dweight[c] = static_cast<float>(total_dy_xhat);
+  dbias[c] = static_cast<float>(total_dy);
+  stats[2 * channels + c] = static_cast<float>(total_dy / static_cast<double>(count));
+  stats[3 * channels + c] = static_cast<float>(total_dy_xhat / static_cast<double>(count));
+}
+
+// dx = weight * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
+//    = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), the means in stats.
+__global__ void batchnorm_dx_kernel(const float* x, const float* dy, const float* weight,
+                                    const float* stats, float* dx, int channels, int plane,
+                                    std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) {
+    const int c = static_cast<int>((i / plane) % channels);
+    const float invstd = stats[channels + c];
+    const float xhat = (x[i] - stats[c]) * invstd;
+    dx[i] = weight[c] * invstd * (dy[i] - stats[2 * channels + c] - xhat * stats[3 * channels + c]);
+  }
+}
+
+__global__ void avgpool_forward_kernel(const float* x, float* y, int n, PoolShape g) {
+  const int out_plane = g.out_height * g.out_width;
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * out_plane;
+  const float scale = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  COHORT_GRID_STRIDE(i, count) {
+    const std::size_t plane = i / out_plane;
+    const int q = static_cast<int>(i % out_plane);
+    const int y0 = (q / g.out_width) * g.stride, x0 = (q % g.out_width) * g.stride;
+    const float* in = x + plane * g.height * g.width;
+    float sum = 0.0f;
+    for (int ky = 0; ky < g.kernel; ++ky) {
+      for (int kx = 0; kx < g.kernel; ++kx) sum += in[(y0 + ky) * g.width + x0 + kx];
+    }
+    y[i] = sum * scale;
+  }
+}
+
+// Per input element: the sum of dy / kernel^2 over the windows that contain it (none past the
+// floor-mode edge), in window order. Gathers, so overlapping windows need no atomics.
+__global__ void avgpool_backward_kernel(const float* dy, float* dx, int n, PoolShape g) {
+  const int in_plane = g.height * g.width, out_plane = g.out_height * g.out_width;
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * in_plane;
+  const float scale = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  COHORT_GRID_STRIDE(i, count) {
+    const std::size_t plane = i / in_plane;
+    const int iy = static_cast<int>(i % in_plane) / g.width;
+    const int ix = static_cast<int>(i % in_plane) % g.width;
+    // Windows oy with oy * stride <= iy < oy * stride + kernel.
+    const int oy_first = iy < g.kernel ? 0 : (iy - g.kernel) / g.stride + 1;
+    const int ox_first = ix < g.kernel ? 0 : (ix - g.kernel) / g.stride + 1;
+    const int oy_last = min(iy / g.stride, g.out_height - 1);
+    const int ox_last = min(ix / g.stride, g.out_width - 1);
+    const float* grad = dy + plane * out_plane;
+    float sum = 0.0f;
+    for (int oy = oy_first; oy <= oy_last; ++oy) {
+      for (int ox = ox_first; ox <= ox_last; ++ox) sum += grad[oy * g.out_width + ox] * scale;
+    }
+    dx[i] = sum;
+  }
+}
+
+// One warp per plane, summing in double.
+__global__ void global_avgpool_forward_kernel(const float* x, float* y, std::size_t planes,
+                                              int plane) {
+  const std::size_t warps = static_cast<std::size_t>(gridDim.x) * blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (std::size_t p = (blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x) / 32;
+       p < planes; p += warps) {
+    const float* in = x + p * plane;
+    double sum = 0.0;
+    for (int q = lane; q < plane; q += 32) sum += in[q];
+    for (int offset = 16; offset > 0; offset /= 2) {
+      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) y[p] = static_cast<float>(sum * (1.0 / plane));
+  }
+}
+
+__global__ void global_avgpool_backward_kernel(const float* dy, float* dx, int plane,
+                                               std::size_t count) {
+  const float scale = 1.0f / static_cast<float>(plane);
+  COHORT_GRID_STRIDE(i, count) { dx[i] = dy[i / plane] * scale; }
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* out, std::size_t count) {
+  COHORT_GRID_STRIDE(i, count) { out[i] = a[i] + b[i]; }
+}
+
 __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels,
                                              float* losses, float* dlogits, int rows, int classes) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -371,6 +541,66 @@ void dropout_forward(const float* x, float* y, float* mask, std::size_t count, f
 void dropout_backward(const float* dy, const float* mask, float* dx, std::size_t count,
                       cudaStream_t s) {
   multiply_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, mask, dx, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void batchnorm_forward(const float* x, float* y, const float* weight, const float* bias,
+                       float* running, float* stats, int n, int channels, int plane, bool training,
+                       cudaStream_t s) {
+  if (training) {
+    batchnorm_stats_kernel<<<channels, kReduceThreads, 0, s>>>(
+        x, running, stats, n, channels, plane, kBatchNormMomentum, kBatchNormEpsilon);
+  } else {
+    batchnorm_running_stats_kernel<<<(channels + kThreads - 1) / kThreads, kThreads, 0, s>>>(
+        running, stats, channels, kBatchNormEpsilon);
+  }
+  COHORT_CUDA_CHECK(cudaGetLastError());
+  const std::size_t count = static_cast<std::size_t>(n) * channels * plane;
+  batchnorm_apply_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, weight, bias, stats, channels,
+                                                                plane, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void batchnorm_backward(const float* x, const float* dy, const float* weight, float* stats,
+                        float* dweight, float* dbias, float* dx, int n, int channels, int plane,
+                        cudaStream_t s) {
+  batchnorm_sums_kernel<<<channels, kReduceThreads, 0, s>>>(x, dy, stats, dweight, dbias, n,
+                                                            channels, plane);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+  if (dx == nullptr) return;
+  const std::size_t count = static_cast<std::size_t>(n) * channels * plane;
+  batchnorm_dx_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, dy, weight, stats, dx, channels,
+                                                             plane, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void avgpool_forward(const float* x, float* y, int n, const PoolShape& g, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * g.out_height * g.out_width;
+  avgpool_forward_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void avgpool_backward(const float* dy, float* dx, int n, const PoolShape& g, cudaStream_t s) {
+  const std::size_t count = static_cast<std::size_t>(n) * g.channels * g.height * g.width;
+  avgpool_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, dx, n, g);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void global_avgpool_forward(const float* x, float* y, std::size_t planes, int plane,
+                            cudaStream_t s) {
+  global_avgpool_forward_kernel<<<blocks_for(planes * 32), kThreads, 0, s>>>(x, y, planes, plane);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void global_avgpool_backward(const float* dy, float* dx, std::size_t planes, int plane,
+                             cudaStream_t s) {
+  const std::size_t count = planes * plane;
+  global_avgpool_backward_kernel<<<blocks_for(count), kThreads, 0, s>>>(dy, dx, plane, count);
+  COHORT_CUDA_CHECK(cudaGetLastError());
+}
+
+void add(const float* a, const float* b, float* out, std::size_t count, cudaStream_t s) {
+  add_kernel<<<blocks_for(count), kThreads, 0, s>>>(a, b, out, count);
   COHORT_CUDA_CHECK(cudaGetLastError());
 }
 

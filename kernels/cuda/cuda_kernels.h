@@ -53,6 +53,35 @@ void maxpool_forward(const float* x, float* y, std::int32_t* argmax, int n, cons
 void maxpool_backward(const float* dy, const std::int32_t* argmax, float* dx, int n,
                       const PoolShape& g, cudaStream_t s);
 
+// Batch normalisation of n NCHW samples of `channels` planes of `plane` values, per channel over
+// its n * plane values. stats (4 * channels floats) starts with mean[channels] then
+// invstd[channels] = 1 / sqrt(var + eps): training writes the batch's (biased variance, summed
+// in double) and moves running (running_mean[channels] then running_var[channels], in the
+// parameter vector) toward them by kBatchNormMomentum, the variance unbiased (biased when
+// n * plane == 1); evaluation takes them from running, unchanged. Then
+// y = (x - mean) * invstd * weight + bias.
+void batchnorm_forward(const float* x, float* y, const float* weight, const float* bias,
+                       float* running, float* stats, int n, int channels, int plane, bool training,
+                       cudaStream_t s);
+// With the stats of the training forward: dweight[c] = sum(dy * xhat), dbias[c] = sum(dy)
+// (overwritten), their means over M = n * plane into stats[2 * channels, 4 * channels); when
+// dx != nullptr, dx = weight * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)).
+void batchnorm_backward(const float* x, const float* dy, const float* weight, float* stats,
+                        float* dweight, float* dbias, float* dx, int n, int channels, int plane,
+                        cudaStream_t s);
+
+// Each output the mean of its kernel x kernel window (no padding, floor mode).
+void avgpool_forward(const float* x, float* y, int n, const PoolShape& g, cudaStream_t s);
+// dx overwritten: each element the sum of dy / kernel^2 over the windows containing it.
+void avgpool_backward(const float* dy, float* dx, int n, const PoolShape& g, cudaStream_t s);
+// y[p] = mean of plane p of x (planes of `plane` floats); backward: dx = dy[p] / plane.
+void global_avgpool_forward(const float* x, float* y, std::size_t planes, int plane,
+                            cudaStream_t s);
+void global_avgpool_backward(const float* dy, float* dx, std::size_t planes, int plane,
+                             cudaStream_t s);
+// out = a + b; out may alias a or b.
+void add(const float* a, const float* b, float* out, std::size_t count, cudaStream_t s);
+
 // Same masks as the CPU (counter_uniform(key, first + i) < p drops; first: the offset of x[0]
 // in the step's stream, for micro-batches).
 void dropout_forward(const float* x, float* y, float* mask, std::size_t count, float p,

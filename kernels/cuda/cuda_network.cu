@@ -51,49 +51,57 @@ struct Op {
   const LayerSpec* layer = nullptr;
   std::size_t index = 0;
   bool relu = false;
-  ConvShape conv{};
-  PoolShape pool{};
+  ConvShape conv{};  // conv2d; a projecting residual_end: its 1x1 convolution of the skip
+  PoolShape pool{};  // maxpool2d, avgpool2d
   std::size_t in_size = 0;
   std::size_t out_size = 0;
+  std::size_t partner = 0;    // residual_begin, residual_end: the op of the block's other end
+  std::size_t skip_size = 0;  // residual_end: floats per sample of the block's input
 };
+
+ConvShape conv_shape(const LayerSpec& l) {
+  return {to_int(l.input.channels), to_int(l.input.height),
+          to_int(l.input.width),    to_int(l.out),
+          to_int(l.kernel),         to_int(l.stride),
+          to_int(l.padding),        to_int(l.output.height),
+          to_int(l.output.width)};
+}
+
+// A projecting residual_end's shortcut: a 1x1 convolution of the block's input `skip`.
+ConvShape projection_shape(const LayerSpec& l, const Shape& skip) {
+  return {to_int(skip.channels),
+          to_int(skip.height),
+          to_int(skip.width),
+          to_int(l.out),
+          1,
+          to_int(l.stride),
+          0,
+          to_int(l.output.height),
+          to_int(l.output.width)};
+}
+
+PoolShape pool_shape(const LayerSpec& l) {
+  return {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
+          to_int(l.kernel),         to_int(l.stride),       to_int(l.output.height),
+          to_int(l.output.width)};
+}
 
 class CudaNetwork final : public Network {
  public:
   CudaNetwork(const NetworkSpec& spec, int ordinal) : Network(spec), ordinal_(ordinal) {
     if (spec.layers().empty()) throw KernelError("network has no layers");
+    if (spec.open_blocks() > 0) {
+      throw KernelError(std::to_string(spec.open_blocks()) + " residual block(s) not closed");
+    }
     DeviceGuard guard(ordinal_);
     stream_ = std::make_unique<Stream>();
     blas_ = std::make_unique<CublasHandle>(stream_->get());
-    // The ops point into the network's own copy of the spec, not the caller's (which may be a
-    // temporary).
-    const auto layers = this->spec().layers();
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      const LayerSpec& l = layers[i];
-      if (l.kind == LayerKind::kFlatten) continue;
-      if (l.kind == LayerKind::kRelu && !ops_.empty() && !ops_.back().relu &&
-          (ops_.back().layer->kind == LayerKind::kLinear ||
-           ops_.back().layer->kind == LayerKind::kConv2d)) {
-        ops_.back().relu = true;
-        continue;
-      }
-      Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
-      if (l.kind == LayerKind::kConv2d) {
-        op.conv = {to_int(l.input.channels), to_int(l.input.height),
-                   to_int(l.input.width),    to_int(l.out),
-                   to_int(l.kernel),         to_int(l.stride),
-                   to_int(l.padding),        to_int(l.output.height),
-                   to_int(l.output.width)};
-      }
-      if (l.kind == LayerKind::kMaxPool2d) {
-        op.pool = {to_int(l.input.channels), to_int(l.input.height), to_int(l.input.width),
-                   to_int(l.kernel),         to_int(l.stride),       to_int(l.output.height),
-                   to_int(l.output.width)};
-      }
-      ops_.push_back(op);
-    }
+    build_ops();
     outputs_.resize(ops_.size());
     masks_.resize(ops_.size());
     argmax_.resize(ops_.size());
+    stats_.resize(ops_.size());
+    skip_grads_.resize(ops_.size());
     out_ptrs_.resize(ops_.size());
     // Every device buffer counts into a kind (cuBLAS's own workspace is not counted).
     params_.set_tracker(&memory_.parameters);
@@ -106,8 +114,15 @@ class CudaNetwork final : public Network {
       outputs_[i].set_tracker(&memory_.activations);
       masks_[i].set_tracker(&memory_.activations);
       argmax_[i].set_tracker(&memory_.activations);
+      stats_[i].set_tracker(&memory_.activations);
+      skip_grads_[i].set_tracker(&memory_.activations);
+      // A batchnorm's batch statistics for its backward, and the backward's (batchnorm_forward).
+      if (ops_[i].layer->kind == LayerKind::kBatchNorm) stats_[i].reset(4 * ops_[i].layer->out);
     }
-    for (auto* b : {&cols_, &dcols_, &result_}) b->set_tracker(&memory_.workspace);
+    for (auto* b : {&cols_, &dcols_, &result_, &buffer_save_}) b->set_tracker(&memory_.workspace);
+    std::size_t buffer_floats = 0;
+    for (const LayerSpec& l : this->spec().layers()) buffer_floats += l.buffer_count;
+    buffer_save_.reset(buffer_floats);
     const std::size_t count = parameter_count();
     params_.reset(count);
     grads_.reset(count);
@@ -257,11 +272,49 @@ class CudaNetwork final : public Network {
   }
 
  private:
+  // One op per layer but flatten (which moves no data) and a ReLU directly after a linear or
+  // conv2d layer (fused into it). The ops point into the network's own copy of the spec, not the
+  // caller's (which may be a temporary).
+  void build_ops() {
+    const auto layers = spec().layers();
+    std::vector<std::size_t> op_of_layer(layers.size(), 0);
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      const LayerSpec& l = layers[i];
+      if (l.kind == LayerKind::kFlatten) continue;
+      if (l.kind == LayerKind::kRelu && !ops_.empty() && !ops_.back().relu &&
+          (ops_.back().layer->kind == LayerKind::kLinear ||
+           ops_.back().layer->kind == LayerKind::kConv2d)) {
+        ops_.back().relu = true;
+        continue;
+      }
+      Op op{.layer = &l, .index = i, .in_size = l.input.size(), .out_size = l.output.size()};
+      switch (l.kind) {
+        case LayerKind::kConv2d: op.conv = conv_shape(l); break;
+        case LayerKind::kMaxPool2d:
+        case LayerKind::kAvgPool2d: op.pool = pool_shape(l); break;
+        case LayerKind::kResidualEnd: {
+          // Blocks are closed in order, so the begin's op exists; it learns its end here.
+          const Shape& skip = layers[l.partner].input;
+          op.partner = op_of_layer[l.partner];
+          op.skip_size = skip.size();
+          if (l.weight_count > 0) op.conv = projection_shape(l, skip);
+          ops_[op.partner].partner = ops_.size();
+          break;
+        }
+        default: break;
+      }
+      op_of_layer[i] = ops_.size();
+      ops_.push_back(op);
+    }
+  }
+
   // forward(training) + mean softmax cross-entropy + backward (+ step); returns the mean loss.
   // With a micro-batch m set, the batch runs as micro-batches of at most m samples: each one's
   // logit gradients are scaled by b / batch, its parameter gradients summed into grad_sum_ (one
   // more gradient-sized buffer, unlike the CPU's in-place accumulation), and every micro-batch
-  // draws its dropout masks from the step's stream at its samples' offsets.
+  // draws its dropout masks from the step's stream at its samples' offsets. A batchnorm
+  // normalises each micro-batch with its own statistics and moves the running ones once per
+  // micro-batch, as the CPU does.
   float loss_and_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
                            std::size_t batch, bool step) {
     detail::check_size("train_step labels", labels.size(), batch);
@@ -369,11 +422,15 @@ class CudaNetwork final : public Network {
     std::size_t cols = 0, result = 0;
     for (std::size_t i = 0; i < ops_.size(); ++i) {
       const Op& op = ops_[i];
+      const LayerKind kind = op.layer->kind;
       widest = std::max({widest, op.in_size, op.out_size});
-      outputs_[i].reset(batch * op.out_size);
-      if (op.layer->kind == LayerKind::kDropout) masks_[i].reset(batch * op.out_size);
-      if (op.layer->kind == LayerKind::kMaxPool2d) argmax_[i].reset(batch * op.out_size);
-      if (op.layer->kind == LayerKind::kConv2d) {
+      // A residual_begin passes its input through: no output of its own.
+      if (kind != LayerKind::kResidualBegin) outputs_[i].reset(batch * op.out_size);
+      if (kind == LayerKind::kDropout) masks_[i].reset(batch * op.out_size);
+      if (kind == LayerKind::kMaxPool2d) argmax_[i].reset(batch * op.out_size);
+      // The skip's gradient, from the block's end until its begin adds it in.
+      if (kind == LayerKind::kResidualEnd) skip_grads_[i].reset(batch * op.skip_size);
+      if (kind == LayerKind::kConv2d || (kind == LayerKind::kResidualEnd && op.conv.kernel > 0)) {
         const std::size_t chunk = chunk_samples(op.conv, batch);
         cols = std::max(cols, chunk * op.conv.patch() * op.conv.positions());
         result = std::max(result, chunk * op.conv.out_channels * op.conv.positions());
@@ -404,69 +461,93 @@ class CudaNetwork final : public Network {
     upload_dirty();
     copy_to_device(input_.data(), input.data(), input.size());
     const float* x = input_.data();
-    const int n = to_int(batch);
-    cudaStream_t s = stream();
-    for (std::size_t i = 0; i < ops_.size(); ++i) {
-      const Op& op = ops_[i];
-      const LayerSpec& l = *op.layer;
-      float* y = outputs_[i].data();
-      const float* w = params_.data() + l.weight_offset;
-      const float* b = params_.data() + l.bias_offset;
-      switch (l.kind) {
-        case LayerKind::kLinear:
-          gemm(blas_->get(), false, true, n, to_int(l.out), to_int(l.in), x, to_int(l.in), w,
-               to_int(l.in), y, to_int(l.out), 0.0f);
-          add_bias_rows(y, b, n, to_int(l.out), op.relu, s);
-          break;
-        case LayerKind::kConv2d: conv_forward(op, x, w, b, y, batch); break;
-        case LayerKind::kRelu: relu_forward(x, y, batch * op.out_size, s); break;
-        case LayerKind::kTanh:
-        case LayerKind::kSigmoid:
-        case LayerKind::kGelu:
-          activation_forward(activation_of(l.kind), x, y, batch * op.out_size, s);
-          break;
-        case LayerKind::kMaxPool2d: maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s); break;
-        case LayerKind::kDropout:
-          if (training && l.drop_probability > 0.0f) {
-            dropout_forward(x, y, masks_[i].data(), batch * op.out_size, l.drop_probability,
-                            detail::dropout_key(seed_, dropout_calls_, op.index),
-                            first_sample_ * op.out_size, s);
-          } else {
-            y = const_cast<float*>(x);  // identity
-          }
-          break;
-        case LayerKind::kFlatten: break;
-      }
-      out_ptrs_[i] = y;
-      x = y;
-    }
+    for (std::size_t i = 0; i < ops_.size(); ++i) x = forward_op(i, x, batch, training);
     if (training) ++dropout_calls_;
+    // A training forward moved the batchnorm running statistics in the parameter vector.
+    if (training && buffer_save_.size() > 0) params_host_valid_ = false;
     batch_ = batch;
     trained_forward_ = training;
     return x;
   }
 
-  void conv_forward(const Op& op, const float* x, const float* w, const float* b, float* y,
-                    std::size_t batch) {
-    const ConvShape& g = op.conv;
+  // Op i on x (its input); returns its output, also left in out_ptrs_[i].
+  const float* forward_op(std::size_t i, const float* x, std::size_t batch, bool training) {
+    const Op& op = ops_[i];
+    const LayerSpec& l = *op.layer;
+    float* y = outputs_[i].data();
+    const float* w = params_.data() + l.weight_offset;
+    const float* b = params_.data() + l.bias_offset;
+    const int n = to_int(batch);
+    const std::size_t count = batch * op.out_size;
+    const int plane = to_int(l.input.height * l.input.width);
+    cudaStream_t s = stream();
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        gemm(blas_->get(), false, true, n, to_int(l.out), to_int(l.in), x, to_int(l.in), w,
+             to_int(l.in), y, to_int(l.out), 0.0f);
+        add_bias_rows(y, b, n, to_int(l.out), op.relu, s);
+        break;
+      case LayerKind::kConv2d: conv_forward(op.conv, x, w, b, y, batch, op.relu); break;
+      case LayerKind::kRelu: relu_forward(x, y, count, s); break;
+      case LayerKind::kTanh:
+      case LayerKind::kSigmoid:
+      case LayerKind::kGelu: activation_forward(activation_of(l.kind), x, y, count, s); break;
+      case LayerKind::kMaxPool2d: maxpool_forward(x, y, argmax_[i].data(), n, op.pool, s); break;
+      case LayerKind::kAvgPool2d: avgpool_forward(x, y, n, op.pool, s); break;
+      case LayerKind::kGlobalAvgPool:
+        global_avgpool_forward(x, y, batch * l.input.channels, plane, s);
+        break;
+      case LayerKind::kBatchNorm:
+        batchnorm_forward(x, y, w, b, params_.data() + l.buffer_offset, stats_[i].data(), n,
+                          to_int(l.out), plane, training, s);
+        break;
+      case LayerKind::kDropout:
+        if (training && l.drop_probability > 0.0f) {
+          dropout_forward(x, y, masks_[i].data(), count, l.drop_probability,
+                          detail::dropout_key(seed_, dropout_calls_, op.index),
+                          first_sample_ * op.out_size, s);
+        } else {
+          y = const_cast<float*>(x);  // identity
+        }
+        break;
+      case LayerKind::kResidualBegin: y = const_cast<float*>(x); break;  // identity
+      case LayerKind::kResidualEnd: {
+        const float* skip = out_ptrs_[op.partner];  // the begin's output: the block's input
+        if (l.weight_count > 0) {
+          conv_forward(op.conv, skip, w, b, y, batch, /*relu=*/false);
+          add(y, x, y, count, s);
+        } else {
+          add(x, skip, y, count, s);
+        }
+        break;
+      }
+      case LayerKind::kFlatten: break;
+    }
+    out_ptrs_[i] = y;
+    return y;
+  }
+
+  void conv_forward(const ConvShape& g, const float* x, const float* w, const float* b, float* y,
+                    std::size_t batch, bool relu) {
     const std::size_t chunk = chunk_samples(g, batch);
-    const std::size_t in_size = op.in_size, out_size = op.out_size;
+    const std::size_t in_size = static_cast<std::size_t>(g.in_channels) * g.height * g.width;
+    const std::size_t out_size = static_cast<std::size_t>(g.out_channels) * g.positions();
     for (std::size_t c0 = 0; c0 < batch; c0 += chunk) {
       const int m = to_int(std::min(chunk, batch - c0));
       const int ld = m * g.positions();
       im2col(x + c0 * in_size, cols_.data(), m, g, stream());
       gemm(blas_->get(), false, false, g.out_channels, ld, g.patch(), w, g.patch(), cols_.data(),
            ld, result_.data(), ld, 0.0f);
-      scatter_nchw(result_.data(), b, y + c0 * out_size, m, g.out_channels, g.positions(), op.relu,
+      scatter_nchw(result_.data(), b, y + c0 * out_size, m, g.out_channels, g.positions(), relu,
                    stream());
     }
   }
 
-  void conv_backward(const Op& op, const float* x, const float* w, const float* dy,
+  void conv_backward(const ConvShape& g, const float* x, const float* w, const float* dy,
                      const float* relu_y, float* dw, float* db, float* dx, std::size_t batch) {
-    const ConvShape& g = op.conv;
     const std::size_t chunk = chunk_samples(g, batch);
-    const std::size_t in_size = op.in_size, out_size = op.out_size;
+    const std::size_t in_size = static_cast<std::size_t>(g.in_channels) * g.height * g.width;
+    const std::size_t out_size = static_cast<std::size_t>(g.out_channels) * g.positions();
     for (std::size_t c0 = 0; c0 < batch; c0 += chunk) {
       const int m = to_int(std::min(chunk, batch - c0));
       const int ld = m * g.positions();
@@ -490,58 +571,95 @@ class CudaNetwork final : public Network {
     upload_dirty();
     float* dy = grad_a_.data();
     float* dx = grad_b_.data();
-    const int n = to_int(batch_);
-    cudaStream_t s = stream();
-    for (std::size_t i = ops_.size(); i-- > 0;) {
-      const Op& op = ops_[i];
-      const LayerSpec& l = *op.layer;
-      const float* x = i == 0 ? input_.data() : out_ptrs_[i - 1];
-      const float* y = out_ptrs_[i];
-      float* want_dx = i == 0 ? nullptr : dx;
-      const float* w = params_.data() + l.weight_offset;
-      float* dw = grads_.data() + l.weight_offset;
-      float* db = grads_.data() + l.bias_offset;
-      const std::size_t count = batch_ * op.out_size;
-      switch (l.kind) {
-        case LayerKind::kLinear:
-          if (op.relu) relu_backward(y, dy, dy, count, s);
-          gemm(blas_->get(), true, false, to_int(l.out), to_int(l.in), n, dy, to_int(l.out), x,
-               to_int(l.in), dw, to_int(l.in), 0.0f);
-          column_sums(dy, db, n, to_int(l.out), s);
-          if (want_dx != nullptr) {
-            gemm(blas_->get(), false, false, n, to_int(l.in), to_int(l.out), dy, to_int(l.out), w,
-                 to_int(l.in), want_dx, to_int(l.in), 0.0f);
-          }
-          break;
-        case LayerKind::kConv2d:
-          conv_backward(op, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, batch_);
-          break;
-        case LayerKind::kRelu:
-          if (want_dx != nullptr) relu_backward(y, dy, want_dx, count, s);
-          break;
-        case LayerKind::kTanh:
-        case LayerKind::kSigmoid:
-        case LayerKind::kGelu:
-          if (want_dx != nullptr)
-            activation_backward(activation_of(l.kind), x, y, dy, want_dx, count, s);
-          break;
-        case LayerKind::kMaxPool2d:
-          if (want_dx != nullptr) maxpool_backward(dy, argmax_[i].data(), want_dx, n, op.pool, s);
-          break;
-        case LayerKind::kDropout:
-          if (want_dx == nullptr) break;
-          if (l.drop_probability > 0.0f) {
-            dropout_backward(dy, masks_[i].data(), want_dx, count, s);
-          } else {
-            COHORT_CUDA_CHECK(
-                cudaMemcpyAsync(want_dx, dy, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
-          }
-          break;
-        case LayerKind::kFlatten: break;
-      }
-      std::swap(dx, dy);
-    }
+    for (std::size_t i = ops_.size(); i-- > 0;) backward_op(i, dy, dx);
     grads_host_valid_ = false;
+  }
+
+  // Op i's backward from dy (its output's gradient): leaves its input's gradient in dy, swapping
+  // dy and dx where it wrote dx. Op 0 writes no input gradient.
+  void backward_op(std::size_t i, float*& dy, float*& dx) {
+    const Op& op = ops_[i];
+    const LayerSpec& l = *op.layer;
+    const float* x = i == 0 ? input_.data() : out_ptrs_[i - 1];
+    const float* y = out_ptrs_[i];
+    float* want_dx = i == 0 ? nullptr : dx;
+    const float* w = params_.data() + l.weight_offset;
+    float* dw = grads_.data() + l.weight_offset;
+    float* db = grads_.data() + l.bias_offset;
+    const int n = to_int(batch_);
+    const int plane = to_int(l.input.height * l.input.width);
+    const std::size_t count = batch_ * op.out_size;
+    cudaStream_t s = stream();
+    switch (l.kind) {
+      case LayerKind::kLinear:
+        if (op.relu) relu_backward(y, dy, dy, count, s);
+        gemm(blas_->get(), true, false, to_int(l.out), to_int(l.in), n, dy, to_int(l.out), x,
+             to_int(l.in), dw, to_int(l.in), 0.0f);
+        column_sums(dy, db, n, to_int(l.out), s);
+        if (want_dx != nullptr) {
+          gemm(blas_->get(), false, false, n, to_int(l.in), to_int(l.out), dy, to_int(l.out), w,
+               to_int(l.in), want_dx, to_int(l.in), 0.0f);
+        }
+        break;
+      case LayerKind::kConv2d:
+        conv_backward(op.conv, x, w, dy, op.relu ? y : nullptr, dw, db, want_dx, batch_);
+        break;
+      case LayerKind::kRelu:
+        if (want_dx != nullptr) relu_backward(y, dy, want_dx, count, s);
+        break;
+      case LayerKind::kTanh:
+      case LayerKind::kSigmoid:
+      case LayerKind::kGelu:
+        if (want_dx != nullptr)
+          activation_backward(activation_of(l.kind), x, y, dy, want_dx, count, s);
+        break;
+      case LayerKind::kMaxPool2d:
+        if (want_dx != nullptr) maxpool_backward(dy, argmax_[i].data(), want_dx, n, op.pool, s);
+        break;
+      case LayerKind::kAvgPool2d:
+        if (want_dx != nullptr) avgpool_backward(dy, want_dx, n, op.pool, s);
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (want_dx != nullptr)
+          global_avgpool_backward(dy, want_dx, batch_ * l.input.channels, plane, s);
+        break;
+      case LayerKind::kBatchNorm:
+        batchnorm_backward(x, dy, w, stats_[i].data(), dw, db, want_dx, n, to_int(l.out), plane, s);
+        // The running statistics are buffers: their gradient is zero.
+        COHORT_CUDA_CHECK(
+            cudaMemsetAsync(grads_.data() + l.buffer_offset, 0, l.buffer_count * sizeof(float), s));
+        break;
+      case LayerKind::kDropout:
+        if (want_dx == nullptr) break;
+        if (l.drop_probability > 0.0f) {
+          dropout_backward(dy, masks_[i].data(), want_dx, count, s);
+        } else {
+          COHORT_CUDA_CHECK(
+              cudaMemcpyAsync(want_dx, dy, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        }
+        break;
+      case LayerKind::kResidualEnd: residual_end_backward(op, i, dy); return;
+      case LayerKind::kResidualBegin:
+        // The main branch's gradient (in dy) plus the skip's, which the block's end kept.
+        if (want_dx != nullptr) add(dy, skip_grads_[op.partner].data(), dy, count, s);
+        return;
+      case LayerKind::kFlatten: break;
+    }
+    std::swap(dx, dy);
+  }
+
+  // The main branch's gradient is dy itself (left in place); the skip's goes to skip_grads_[i],
+  // through the projection's backward (which writes its dw and db) when there is one.
+  void residual_end_backward(const Op& op, std::size_t i, const float* dy) {
+    const LayerSpec& l = *op.layer;
+    float* dskip = skip_grads_[i].data();
+    if (l.weight_count > 0) {
+      conv_backward(op.conv, out_ptrs_[op.partner], params_.data() + l.weight_offset, dy, nullptr,
+                    grads_.data() + l.weight_offset, grads_.data() + l.bias_offset, dskip, batch_);
+    } else {
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(dskip, dy, batch_ * op.skip_size * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, stream()));
+    }
   }
 
   void step_device() {
@@ -549,6 +667,7 @@ class CudaNetwork final : public Network {
     const std::size_t count = parameter_count();
     if (count == 0) return;
     const std::uint64_t t = ++optimizer_steps_;
+    copy_buffers(/*to_save=*/true);
     if (o.kind == OptimizerKind::kSgd) {
       sgd_step(params_.data(), grads_.data(), o.momentum > 0.0f ? optimizer_state_.data() : nullptr,
                count, {o.learning_rate, o.momentum, o.weight_decay, o.nesterov}, stream());
@@ -568,7 +687,24 @@ class CudaNetwork final : public Network {
       adam_step(params_.data(), grads_.data(), optimizer_state_.data(),
                 optimizer_state_.data() + count, count, args, stream());
     }
+    copy_buffers(/*to_save=*/false);
     params_host_valid_ = false;
+  }
+
+  // Copies the batchnorm running statistics from the parameters into buffer_save_ (to_save), or
+  // back: around an optimizer step, which would otherwise move them (weight decay, Adam's
+  // moments), so that a step leaves them as they were. They are small (2 floats per channel).
+  void copy_buffers(bool to_save) {
+    std::size_t at = 0;
+    for (const LayerSpec& l : spec().layers()) {
+      if (l.buffer_count == 0) continue;
+      float* live = params_.data() + l.buffer_offset;
+      float* saved = buffer_save_.data() + at;
+      COHORT_CUDA_CHECK(cudaMemcpyAsync(to_save ? saved : live, to_save ? live : saved,
+                                        l.buffer_count * sizeof(float), cudaMemcpyDeviceToDevice,
+                                        stream()));
+      at += l.buffer_count;
+    }
   }
 
   // First: the trackers outlive every buffer below.
@@ -589,6 +725,9 @@ class CudaNetwork final : public Network {
   std::size_t capacity_ = 0;
   DeviceBuffer<float> input_;
   std::vector<DeviceBuffer<float>> outputs_, masks_;
+  std::vector<DeviceBuffer<float>> stats_;       // batchnorm ops: see batchnorm_forward()
+  std::vector<DeviceBuffer<float>> skip_grads_;  // residual_end ops: the skip's gradient
+  DeviceBuffer<float> buffer_save_;              // the running statistics, across an optimizer step
   std::vector<DeviceBuffer<std::int32_t>> argmax_;
   DeviceBuffer<float> grad_a_, grad_b_, cols_, dcols_, result_, losses_;
   DeviceBuffer<std::int32_t> labels_;

@@ -85,6 +85,141 @@ NetworkSpec smooth_net() {
   return spec;
 }
 
+// A small CNN with batch normalisation after convolutions (BatchNorm2d) and after a linear layer
+// (BatchNorm1d, whose statistics run over the samples alone).
+NetworkSpec batchnorm_net() {
+  NetworkSpec spec(Shape{3, 10, 10});
+  spec.conv2d(3, 6, 3, 1, 1)
+      .batchnorm()
+      .relu()
+      .maxpool2d(2)
+      .conv2d(6, 8, 3)
+      .batchnorm()
+      .relu()
+      .flatten()
+      .linear(8 * 3 * 3, 12)
+      .batchnorm()
+      .relu()
+      .linear(12, 4);
+  return spec;
+}
+
+// Overlapping (3, stride 2) and tiling (2) average pools, then global average pooling.
+NetworkSpec pooling_net() {
+  NetworkSpec spec(Shape{2, 11, 11});
+  spec.conv2d(2, 5, 3, 1, 1)
+      .relu()
+      .avgpool2d(3, 2)  // 11 -> 5
+      .conv2d(5, 6, 3, 1, 1)
+      .avgpool2d(2)  // 5 -> 2 (floor mode drops the last row and column)
+      .conv2d(6, 7, 1)
+      .global_avgpool()
+      .linear(7, 3);
+  return spec;
+}
+
+// A ResNet stem, an identity basic block and a projecting one (stride 2, 4 -> 8 channels).
+NetworkSpec residual_net() {
+  NetworkSpec spec(Shape{3, 9, 9});
+  spec.conv2d(3, 4, 3, 1, 1).batchnorm().relu();
+  spec.residual_begin().conv2d(4, 4, 3, 1, 1).batchnorm().relu().conv2d(4, 4, 3, 1, 1).batchnorm();
+  spec.residual_end().relu();
+  spec.residual_begin().conv2d(4, 8, 3, 2, 1).batchnorm().relu().conv2d(8, 8, 3, 1, 1).batchnorm();
+  spec.residual_end().relu();  // 4x9x9 -> 8x5x5: a 1x1 projection with stride 2
+  spec.global_avgpool().linear(8, 5);
+  return spec;
+}
+
+// Nested blocks (an identity block inside a projecting one, two begins in a row) and an identity
+// block of linear layers whose last ReLU is fused into its linear layer.
+NetworkSpec nested_residual_net() {
+  NetworkSpec spec(Shape{4, 6, 6});
+  spec.residual_begin().residual_begin().conv2d(4, 4, 3, 1, 1).relu().residual_end();
+  spec.conv2d(4, 6, 1, 2).residual_end().relu();  // 4x6x6 -> 6x3x3
+  spec.flatten().linear(6 * 3 * 3, 10);
+  spec.residual_begin().linear(10, 10).relu().linear(10, 10).relu().residual_end();
+  spec.linear(10, 3);
+  return spec;
+}
+
+std::vector<std::int32_t> cyclic_labels(std::size_t batch, std::size_t classes) {
+  std::vector<std::int32_t> y(batch);
+  for (std::size_t i = 0; i < batch; ++i) y[i] = static_cast<std::int32_t>((i * 7) % classes);
+  return y;
+}
+
+std::vector<float> copy_of(std::span<const float> v) { return {v.begin(), v.end()}; }
+
+// The running statistics of `spec` in a parameter vector, in buffer_views() order.
+std::vector<float> buffers_of(const NetworkSpec& spec, std::span<const float> params) {
+  std::vector<float> out;
+  for (const LayerView& v : spec.buffer_views()) {
+    out.insert(out.end(), params.begin() + static_cast<std::ptrdiff_t>(v.offset),
+               params.begin() + static_cast<std::ptrdiff_t>(v.offset + v.size));
+  }
+  return out;
+}
+
+// One training forward, backward and evaluation of `spec` on both devices from the same
+// parameters: logits, running statistics, gradients (zero for the buffers), evaluation logits,
+// and an evaluation that changes nothing.
+void check_forward_backward(const NetworkSpec& spec, std::size_t batch) {
+  auto cpu = make_device("cpu");
+  auto gpu = make_device("cuda:0");
+  auto a = cpu->make_network(spec), b = gpu->make_network(spec);
+  a->init(5);
+  b->init(5);
+  const auto x = random_vector(batch * spec.input_shape().size(), 11);
+  const auto y = cyclic_labels(batch, spec.output_size());
+  const std::vector<float> logits_a = copy_of(a->forward(x, batch, true));
+  check_close(b->forward(x, batch, true), logits_a);
+  check_close(b->parameters(), a->parameters());  // the running statistics moved alike
+  std::vector<float> dlogits(logits_a.size());
+  softmax_cross_entropy(logits_a, y, spec.output_size(), dlogits);
+  a->backward(dlogits);
+  b->backward(dlogits);
+  check_close(b->gradients(), a->gradients(), 1e-3, 1e-5);
+  for (const float g : buffers_of(spec, b->gradients())) CHECK(g == 0.0f);
+
+  const std::vector<float> params = copy_of(b->parameters());
+  const std::vector<float> eval_a = copy_of(a->forward(x, batch, false));
+  check_close(b->forward(x, batch, false), eval_a);
+  const Evaluation ea = a->evaluate(x, y, batch), eb = b->evaluate(x, y, batch);
+  CHECK(eb.loss_sum == doctest::Approx(ea.loss_sum).epsilon(1e-4));
+  CHECK(eb.correct == ea.correct);
+  check_close(b->parameters(), params, 0, 0);  // evaluation moves no running statistic
+}
+
+// Training steps on both devices: losses, then parameters and running statistics. Each step is
+// compute_gradients + step(), checking that step() leaves the running statistics as they were.
+// compare_parameters false: only the losses and the buffers' invariance (Adam turns the rounding
+// noise of gradients that are zero in exact arithmetic, as a bias before a batchnorm's, into
+// steps of the learning rate).
+void check_training(const NetworkSpec& spec, const OptimizerOptions& options,
+                    bool compare_parameters = true) {
+  auto cpu = make_device("cpu");
+  auto gpu = make_device("cuda:0");
+  auto a = cpu->make_network(spec), b = gpu->make_network(spec);
+  for (auto* n : {a.get(), b.get()}) {
+    n->init(9);
+    n->set_optimizer(options);
+  }
+  const std::size_t batch = 16;
+  const auto x = random_vector(batch * spec.input_shape().size(), 2);
+  const auto y = cyclic_labels(batch, spec.output_size());
+  for (int step = 0; step < 4; ++step) {
+    CAPTURE(step);
+    const float loss_a = a->compute_gradients(x, y, batch);
+    const float loss_b = b->compute_gradients(x, y, batch);
+    CHECK(loss_b == doctest::Approx(loss_a).epsilon(compare_parameters ? 1e-4 : 1e-3));
+    const std::vector<float> before = buffers_of(spec, b->parameters());
+    a->step();
+    b->step();
+    check_close(buffers_of(spec, b->parameters()), before, 0, 0);
+  }
+  if (compare_parameters) check_close(b->parameters(), a->parameters());
+}
+
 TEST_CASE("cuda forward, backward and evaluate match the CPU") {
   if (!have_cuda()) return;
   auto cpu = make_device("cpu");
@@ -217,6 +352,95 @@ TEST_CASE("cuda micro-batches give the whole batch's update and the CPU's, dropo
       CHECK(es.correct == ew.correct);
       CHECK(es.loss_sum == doctest::Approx(ew.loss_sum).epsilon(1e-4));
     }
+  }
+}
+
+TEST_CASE("cuda batchnorm matches the CPU in training and evaluation, running statistics too") {
+  if (!have_cuda()) return;
+  const NetworkSpec spec = batchnorm_net();
+  check_forward_backward(spec, 37);
+  check_forward_backward(spec, 1);  // BatchNorm1d over one sample: the biased variance, 0
+  check_training(spec, {.learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-2f});
+  check_training(spec,
+                 {.kind = OptimizerKind::kAdam, .learning_rate = 1e-3f, .weight_decay = 1e-2f},
+                 /*compare_parameters=*/false);
+
+  // A training forward moves the running statistics: after it the evaluation differs from one
+  // with the initial statistics (mean 0, variance 1), and a train_step leaves the same statistics
+  // on both devices.
+  auto cpu = make_device("cpu");
+  auto gpu = make_device("cuda:0");
+  auto a = cpu->make_network(spec), b = gpu->make_network(spec);
+  for (auto* n : {a.get(), b.get()}) {
+    n->init(4);
+    n->set_optimizer({.learning_rate = 0.1f});
+  }
+  const std::vector<float> initial = buffers_of(spec, b->parameters());
+  const auto x = random_vector(20 * spec.input_shape().size(), 8);
+  const auto y = cyclic_labels(20, spec.output_size());
+  const float loss_a = a->train_step(x, y, 20), loss_b = b->train_step(x, y, 20);
+  CHECK(loss_b == doctest::Approx(loss_a).epsilon(1e-4));
+  const std::vector<float> moved = buffers_of(spec, b->parameters());
+  check_close(moved, buffers_of(spec, a->parameters()));
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < moved.size(); ++i) changed += moved[i] != initial[i] ? 1 : 0;
+  CHECK(changed == moved.size());
+}
+
+TEST_CASE("cuda avgpool2d and global average pooling match the CPU") {
+  if (!have_cuda()) return;
+  const NetworkSpec spec = pooling_net();
+  check_forward_backward(spec, 37);
+  check_training(spec, {.learning_rate = 0.05f, .momentum = 0.9f, .nesterov = true});
+  check_training(spec, {.kind = OptimizerKind::kAdam, .learning_rate = 1e-3f});
+}
+
+TEST_CASE("cuda residual blocks, identity and projecting, nested, match the CPU") {
+  if (!have_cuda()) return;
+  for (const NetworkSpec& spec : {residual_net(), nested_residual_net()}) {
+    CAPTURE(spec.summary());
+    check_forward_backward(spec, 37);
+    check_training(spec, {.learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-4f});
+  }
+  check_training(nested_residual_net(), {.kind = OptimizerKind::kAdamW, .learning_rate = 1e-3f});
+}
+
+TEST_CASE("cuda micro-batched compute_gradients on a batchnorm network matches the CPU's") {
+  if (!have_cuda()) return;
+  auto cpu = make_device("cpu");
+  auto gpu = make_device("cuda:0");
+  const NetworkSpec spec = batchnorm_net();
+  const std::size_t batch = 24;
+  const auto x = random_vector(batch * spec.input_shape().size(), 5);
+  const auto y = cyclic_labels(batch, spec.output_size());
+  const OptimizerOptions sgd{.learning_rate = 0.05f, .momentum = 0.9f, .weight_decay = 1e-3f};
+  for (const std::size_t m : {8, 5, 1}) {
+    CAPTURE(m);
+    // Each micro-batch normalises with its own statistics and moves the running ones once.
+    auto a = cpu->make_network(spec), b = gpu->make_network(spec);
+    for (auto* n : {a.get(), b.get()}) {
+      n->init(3);
+      n->set_optimizer(sgd);
+      n->set_micro_batch(m);
+    }
+    const float loss_a = a->compute_gradients(x, y, batch);
+    const float loss_b = b->compute_gradients(x, y, batch);
+    CHECK(loss_b == doctest::Approx(loss_a).epsilon(1e-4));
+    check_close(b->gradients(), a->gradients(), 1e-3, 1e-5);
+    for (const float g : buffers_of(spec, b->gradients())) CHECK(g == 0.0f);
+    check_close(b->parameters(), a->parameters());
+    const std::vector<float> before = buffers_of(spec, b->parameters());
+    a->step();
+    b->step();
+    check_close(buffers_of(spec, b->parameters()), before, 0, 0);
+    for (int step = 0; step < 2; ++step) {
+      const float la = a->train_step(x, y, batch), lb = b->train_step(x, y, batch);
+      CHECK(lb == doctest::Approx(la).epsilon(1e-4));
+    }
+    check_close(b->parameters(), a->parameters());
+    const Evaluation ea = a->evaluate(x, y, batch), eb = b->evaluate(x, y, batch);
+    CHECK(eb.loss_sum == doctest::Approx(ea.loss_sum).epsilon(1e-4));
+    CHECK(eb.correct == ea.correct);
   }
 }
 
