@@ -21,33 +21,8 @@
 namespace cohort::client {
 namespace {
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// Writes a version-1 .npy file of `values` (raw bytes of dtype descr) with the given shape.
-void write_npy(const std::filesystem::path& path, const std::string& descr,
-               const std::string& shape, const void* data, std::size_t bytes,
-               bool fortran = false) {
-  std::string header = "{'descr': '" + descr +
-                       "', 'fortran_order': " + (fortran ? "True" : "False") +
-                       ", 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  out.write("\x93NUMPY\x01\x00", 8);
-  const auto len = static_cast<std::uint16_t>(header.size());
-  out.put(static_cast<char>(len & 0xff));
-  out.put(static_cast<char>(len >> 8));
-  out << header;
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-}
+using testing::error_of;
+using testing::write_npy;
 
 // A zip archive of .npy members (name -> the .npy bytes), each stored or deflated, optionally
 // with ZIP64 sizes as numpy writes them (force_zip64).

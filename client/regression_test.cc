@@ -27,32 +27,8 @@ namespace cohort::client {
 namespace {
 
 using Values = std::map<std::string, Value, std::less<>>;
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// A version-1 .npy file of raw little-endian values with dtype descr and the given shape.
-void write_npy(const std::filesystem::path& path, const std::string& descr,
-               const std::string& shape, const void* data, std::size_t bytes) {
-  std::string header =
-      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  out.write("\x93NUMPY\x01\x00", 8);
-  const auto len = static_cast<std::uint16_t>(header.size());
-  out.put(static_cast<char>(len & 0xff));
-  out.put(static_cast<char>(len >> 8));
-  out << header;
-  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-}
+using testing::error_of;
+using testing::write_npy;
 
 // y = 2 x0 - x1 + 0.5 x2 + 1 + noise (sd 0.1) for x ~ N(0, 1)^3: the noise variance is 0.01 and
 // the targets' variance about 6.3.
