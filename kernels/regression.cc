@@ -37,6 +37,8 @@ float regression_gradients(Network& network, std::span<const float> input,
                            RegressionBuffers* buffers) {
   check_shapes("regression_gradients", network, input, targets, batch);
   if (batch == 0) return 0.0f;
+  // The network's own micro-batch loop, accumulating in place, where it has one (CPU).
+  if (const auto loss = network.compute_gradients_mse(input, targets, batch)) return *loss;
   RegressionBuffers local;
   RegressionBuffers& scratch = buffers != nullptr ? *buffers : local;
   const std::size_t m = network.micro_batch();

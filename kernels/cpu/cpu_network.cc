@@ -106,8 +106,7 @@ class CpuNetwork final : public Network {
           if (NhwcConv::supports(op.conv)) {
             op.fast_conv = std::make_unique<NhwcConv>(op.conv, NhwcConv::choose(op.conv));
             op.fast_conv->set_tracker(&memory_.workspace);
-            // The convolutions run one at a time: their scratch is one, as large as the
-            // largest's need, not one per layer.
+            // Convolutions run one at a time: one scratch for all, not one per layer.
             if (nhwc_scratch_ == nullptr) nhwc_scratch_ = make_nhwc_scratch(&memory_.workspace);
             op.fast_conv->share_scratch(nhwc_scratch_);
           }
@@ -217,10 +216,30 @@ class CpuNetwork final : public Network {
 
   float compute_gradients(std::span<const float> input, std::span<const std::int32_t> labels,
                           std::size_t batch) override {
+    detail::check_size("compute_gradients labels", labels.size(), batch);
+    const std::size_t c = output_size();
+    return gradients_of(input, batch, [&](auto logits, std::size_t first, std::size_t b, auto d) {
+      return softmax_cross_entropy(logits, labels.subspan(first, b), c, d);
+    });
+  }
+
+  std::optional<float> compute_gradients_mse(std::span<const float> input,
+                                             std::span<const float> targets,
+                                             std::size_t batch) override {
+    const std::size_t c = output_size();
+    detail::check_size("compute_gradients_mse targets", targets.size(), batch * c);
+    return gradients_of(input, batch, [&](auto outputs, std::size_t first, std::size_t b, auto d) {
+      return mean_squared_error(outputs, targets.subspan(first * c, b * c), d);
+    });
+  }
+
+  // A training step's micro-batch loop: forward, loss(outputs, first, count, dloss) -> its mean,
+  // backward, parameter gradients added in place. Returns the batch's mean loss.
+  template <class Loss>
+  float gradients_of(std::span<const float> input, std::size_t batch, Loss&& loss) {
     if (batch == 0) throw KernelError("compute_gradients: empty batch");
     const std::size_t d = spec().input_shape().size(), c = output_size();
     detail::check_size("compute_gradients input", input.size(), batch * d);
-    detail::check_size("compute_gradients labels", labels.size(), batch);
     const std::size_t m = micro_batch_ == 0 ? batch : std::min(micro_batch_, batch);
     double loss_sum = 0.0;
     for (std::size_t first = 0; first < batch; first += m) {
@@ -228,14 +247,12 @@ class CpuNetwork final : public Network {
       // The input outlives backward (it is the caller's, for this call): no copy.
       const auto logits = run_forward(input.data() + first * d, b, /*training=*/true, first);
       const std::span<float> dlogits = dlogits_.span().subspan(0, b * c);
-      const float loss = softmax_cross_entropy(logits, labels.subspan(first, b), c, dlogits);
-      loss_sum += static_cast<double>(loss) * static_cast<double>(b);
+      loss_sum += static_cast<double>(loss(logits, first, b, dlogits)) * static_cast<double>(b);
       if (m < batch) {  // d(mean over the batch) = (b / batch) d(mean over the micro-batch)
         const float scale = static_cast<float>(b) / static_cast<float>(batch);
         for (float& g : dlogits) g *= scale;
       }
-      // Micro-batches after the first add their parameter gradients into the first's.
-      run_backward(dlogits, /*accumulate=*/first > 0);
+      run_backward(dlogits, /*accumulate=*/first > 0);  // later micro-batches add in place
     }
     ++dropout_calls_;  // one step: the micro-batches shared its dropout stream
     return static_cast<float>(loss_sum / static_cast<double>(batch));
@@ -270,10 +287,9 @@ class CpuNetwork final : public Network {
     run_backward(dlogits, /*accumulate=*/false);
   }
 
-  // accumulate: the parameter gradients are added into gradients() (a micro-batch after the
-  // first); layers without parameters are unaffected. With recompute on, each segment but the
-  // last (whose activations the forward left in place) is run forward again from its boundary
-  // before going back through it.
+  // accumulate: parameter gradients are added into gradients() (a micro-batch after the first).
+  // With recompute on, each segment but the last (whose activations the forward left in place)
+  // is run forward again from its boundary before going back through it.
   void run_backward(std::span<const float> dlogits, bool accumulate) {
     float* dy = grad_a_.data();
     float* dx = grad_b_.data();
@@ -384,8 +400,7 @@ class CpuNetwork final : public Network {
         }
         break;
       case LayerKind::kResidualEnd: {
-        // The main branch gets dy; the shortcut's gradient waits in skip_grads_[i] for the
-        // block's residual_begin, which adds it to the main branch's.
+        // The main branch gets dy; the shortcut's waits in skip_grads_[i] for residual_begin.
         float* skip_dx = ops_[op.partner].needs_dx ? skip_grads_[i].data() : nullptr;
         if (l.weight_count > 0) {
           const float* skip = out_ptrs_[op.partner];
@@ -436,8 +451,7 @@ class CpuNetwork final : public Network {
     const std::size_t count = parameter_count();
     const std::uint64_t t = ++optimizer_steps_;
     float* state = optimizer_state_.data();
-    // The running statistics are not parameters: weight decay (and anything a trainer wrote
-    // into their gradients) must not move them.
+    // Running statistics are not parameters: no optimizer (nor a trainer's edit) moves them.
     saved_buffers_.clear();
     for (const LayerView& v : buffers_) {
       saved_buffers_.insert(saved_buffers_.end(), params_.data() + v.offset,

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -298,6 +299,15 @@ class Network {
   // activation memory is that of m samples. input must stay valid for the call only.
   virtual float compute_gradients(std::span<const float> input,
                                   std::span<const std::int32_t> labels, std::size_t batch) = 0;
+  // compute_gradients with the mean squared error (loss.h; PyTorch's MSELoss) against float
+  // targets (batch * output_size(), row-major) in place of cross-entropy, in the same micro-batch
+  // loop with the same in-place accumulation. nullopt (the default) where a device has no such
+  // path: regression_gradients (regression.h) then runs the loss on the host.
+  virtual std::optional<float> compute_gradients_mse(std::span<const float> /*input*/,
+                                                     std::span<const float> /*targets*/,
+                                                     std::size_t /*batch*/) {
+    return std::nullopt;
+  }
   // 0 (the default): whole batches. m > 0: compute_gradients, train_step and evaluate run at most
   // m samples at a time (on CUDA with one more gradient-sized buffer: the sum of the
   // micro-batches' gradients). KernelError on devices that cannot.

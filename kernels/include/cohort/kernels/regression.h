@@ -2,16 +2,17 @@
 // evaluation, with the mean squared error of loss.h as the loss.
 //
 // Network::train_step, compute_gradients and evaluate are fused with softmax cross-entropy over
-// integer labels. regression_gradients() instead runs forward(training = true), the host mean
-// squared error and backward(dloss), leaving the gradient of the batch's mean loss in
-// gradients() for the caller's step() (after an edit, if it makes one: FedProx's term). With a
-// micro-batch m set (Network::micro_batch() > 0: a memory plan) the batch runs as
-// ceil(batch / m) micro-batches of at most m samples; backward() overwrites gradients(), so each
-// micro-batch's gradient (of its own mean loss) is added with weight b / batch into a host sum
-// that is copied back into gradients() at the end: the result equals the whole batch's up to
-// float rounding. Two differences from the fused path: each forward draws its own dropout masks
-// (a micro-batched step's masks differ from a whole step's, alike in distribution), and batch
-// normalisation normalises per micro-batch (as the fused path does too).
+// integer labels. regression_gradients() leaves the gradient of the batch's mean squared error
+// in gradients() for the caller's step() (after an edit, if it makes one: FedProx's term).
+// Where the network has its own MSE path (Network::compute_gradients_mse: the CPU), that runs:
+// the same micro-batch loop as compute_gradients, gradients accumulated in place, dropout masks
+// as a whole step's, no memory beyond what a memory plan measured. Elsewhere (CUDA) it runs
+// forward(training = true), the host mean squared error and backward(dloss); with a micro-batch
+// m set (Network::micro_batch() > 0: a memory plan) the batch runs as ceil(batch / m)
+// micro-batches whose gradients (of their own mean loss) are added with weight b / batch into a
+// host sum copied back into gradients() at the end: equal to the whole batch's up to float
+// rounding, but with one more gradient-sized buffer, and each forward draws its own dropout
+// masks. Batch normalisation normalises per micro-batch either way.
 //
 // On CUDA every step moves the outputs (and, micro-batched, the gradients) across the bus:
 // correct, not the fast path.
