@@ -36,8 +36,12 @@ TEST_CASE("a client under client.memory_budget trains in micro-batches within it
   constexpr std::uint64_t kBudget = 40 * kMiB;
   Federation f(1, 2,
                {"--model.spec=cnn:2conv", "--server.rounds=2", "--server.clients_per_round=2",
-                "--server.min_clients=2", "--server.work=fixed", "--train.steps=4",
-                "--train.batch_size=256", "--train.lr=0.02"});
+                "--server.min_clients=2", "--server.work=fixed", "--train.steps=2",
+                "--train.batch_size=256", "--train.lr=0.02",
+                // Both clients' reports are what the test reads: no round may close on its
+                // deadline without one (under a sanitizer on a slow runner, a round of this CNN
+                // took longer than the default 60 s, and rounds committed without client-0).
+                "--server.round_deadline_ms=600000"});
   f.client_extra[0] = {"--client.memory_budget=" + std::to_string(kBudget)};
   f.start();
   REQUIRE(f.wait(300s) == 0);
