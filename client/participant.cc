@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <deque>
 #include <limits>
 #include <optional>
@@ -13,10 +12,9 @@
 #include "cohort/aggregation/privacy.h"
 #include "cohort/aggregation/push_codec.h"
 #include "cohort/aggregation/registries.h"
-#include "cohort/client/idx.h"
+#include "cohort/client/client_work.h"
 #include "cohort/client/local_training.h"
 #include "cohort/client/local_work.h"
-#include "cohort/client/partition.h"
 #include "cohort/client/push_encoding.h"
 #include "cohort/client/shard_client.h"
 #include "cohort/client/trainer.h"
@@ -25,10 +23,6 @@
 #include "cohort/core/log.h"
 #include "cohort/core/random.h"
 #include "cohort/core/thread_pool.h"
-#include "cohort/kernels/device.h"
-#include "cohort/kernels/loss.h"
-#include "cohort/kernels/model_zoo.h"
-#include "cohort/kernels/regression.h"
 #include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
 #include "fatal_report.h"
@@ -44,12 +38,10 @@ using Clock = std::chrono::steady_clock;
 
 class Participant {
  public:
-  // The device and the compressor are made here, before joining: "cuda:0" without a GPU, "gpu7"
-  // or a compressor shards cannot decode stops the client before it registers.
-  Participant(ParticipantOptions options, const std::atomic<bool>& stop,
-              const LocalTrainingRegistry& rules)
-      : options_(std::move(options)), stop_(stop), rules_(rules) {
-    device_ = kernels::make_device(options_.device, {.threads = options_.threads});
+  // The compressor is made here, before joining (the work made its device and read its data):
+  // a compressor shards cannot decode stops the client before it registers.
+  Participant(ParticipantOptions options, ClientWork& work, const std::atomic<bool>& stop)
+      : options_(std::move(options)), stop_(stop), work_(work) {
     const auto& section = options_.compressor;
     compressor_ =
         builtin_registries().compressors.create(section.get_string("name", "none"), section);
@@ -62,8 +54,10 @@ class Participant {
     if (compressor_->encoding() == "none") compressor_.reset();
   }
 
+  // Why run() returned 1 (empty when it returned 0).
+  [[nodiscard]] const std::string& failure() const { return failure_; }
+
   int run() {
-    load_data();
     ThreadPool pool(2);
     pool_ = &pool;
     auto o = options_.endpoint;
@@ -93,14 +87,15 @@ class Participant {
     auto next_heartbeat = Clock::now();
     // When the session with the coordinator broke (TLS: the connection dropped), if not back yet.
     std::optional<Clock::time_point> session_lost;
-    while (!stop_.load()) {
+    while (!stopping()) {
       if (coordinator_->is_ready()) {
         session_lost.reset();
       } else if (!session_lost) {
         session_lost = Clock::now();
       } else if (Clock::now() - *session_lost > options_.connect_timeout) {
-        COHORT_LOG(Error) << name() << ": lost the coordinator at " << options_.server
-                          << " and could not reconnect within client.connect_timeout_ms";
+        failure_ = "lost the coordinator at " + options_.server +
+                   " and could not reconnect within client.connect_timeout_ms";
+        COHORT_LOG(Error) << name() << ": " << failure_;
         return 1;
       }
       if (coordinator_->stats().handshakes != coordinator_handshakes_) {
@@ -128,7 +123,8 @@ class Participant {
         } else if (auto* bye = std::get_if<transport::Bye>(&m->envelope.body)) {
           if (bye->reason == "training failed") {
             // The coordinator gave up (its log says why): this client did not finish either.
-            COHORT_LOG(Error) << name() << ": the coordinator stopped training: it failed";
+            failure_ = "the coordinator stopped training: it failed";
+            COHORT_LOG(Error) << name() << ": " << failure_;
             return 1;
           }
           COHORT_LOG(Info) << name() << ": training finished";
@@ -154,6 +150,7 @@ class Participant {
   }
 
   const std::string& name() const { return options_.name; }
+  bool stopping() { return stop_.load() || work_.should_stop(); }
   const std::vector<transport::ShardInfo>& shards() const { return links_->shards(); }
 
   void report_fatal(const std::string& why) {
@@ -161,52 +158,12 @@ class Participant {
     send_fatal_report(*coordinator_, current_round_, why, name());
   }
 
-  // The loss comes with the coordinator's Welcome, after registering (which says the data's
-  // size): the files are read as class labels, or, when their labels are not classes (3.25,
-  // shape (N, 2), ...), as regression targets for train.loss = mse. on_welcome() then reads
-  // integer targets again as such, or stops with the class-label error.
-  void load_data() {
-    TrainTest data;
-    try {
-      data = client::load_data(options_.data);
-    } catch (const DataError& e) {
-      const auto kind = options_.partition.kind;
-      if (options_.data.format == DataFormat::kIdx || kind == PartitionKind::kShards ||
-          kind == PartitionKind::kDirichlet) {
-        throw;  // no regression reading to fall back on (shards and dirichlet split by class)
-      }
-      auto as_targets = options_.data;
-      as_targets.targets = true;
-      try {
-        data = client::load_data(as_targets);
-      } catch (const Error&) {
-        throw e;  // neither: the class-label reading's error, as before
-      }
-      label_error_ = e.what();
-      COHORT_LOG(Info) << name() << ": not class labels (" << label_error_
-                       << "): read as regression targets, for train.loss = mse";
-    }
-    take_data(std::move(data));
-  }
-
-  void take_data(TrainTest data) {
-    train_ = std::move(data.train);
-    test_ = std::move(data.test);
-    auto partition =
-        make_partition(options_.partition, train_, options_.part_count, options_.data_seed);
-    indices_ = std::move(partition[options_.part_index]);
-    partition_text_ = options_.partition.to_string() + " " + std::to_string(options_.part_index) +
-                      "/" + std::to_string(options_.part_count);
-    COHORT_LOG(Info) << name() << ": " << indices_.size() << " training samples ("
-                     << partition_text_ << ") of " << options_.data.describe();
-  }
-
   // Registers until welcomed; sets up the model and the shard connections.
   void join() {
     const auto deadline = Clock::now() + options_.connect_timeout;
     std::chrono::milliseconds backoff = 200ms;
     for (;;) {
-      if (stop_.load()) return;
+      if (stopping()) return;
       if (Clock::now() > deadline) {
         throw TransportError("no welcome from the coordinator at " + options_.server +
                              " within client.connect_timeout_ms");
@@ -224,9 +181,10 @@ class Participant {
         std::string refusal;
         const auto welcome = links_->register_once(
             transport::Register{.role = transport::Role::kClient,
-                                .dataset_size = indices_.size(),
-                                .device = options_.device,
-                                .partition = partition_text_},
+                                .dataset_size = work_.num_samples(),
+                                .device = work_.device(),
+                                .partition = work_.describe(),
+                                .no_evaluation = !work_.evaluates()},
             2s, [this](Message&& m) { deferred_.push_back(std::move(m)); }, &refusal);
         registered_ = true;  // a session with the real coordinator: it can hear a fatal report
         if (welcome) {
@@ -250,34 +208,30 @@ class Participant {
     // every shard, so a report of the old one must not count there (its update is gone).
     if (coordinator_epoch_ != 0 && w.coordinator_epoch != coordinator_epoch_) last_report_.reset();
     coordinator_epoch_ = w.coordinator_epoch;
-    if (!net_ || w.model_spec != model_spec_) {
-      model_spec_ = w.model_spec;
-      spec_ = kernels::make_network_spec(w.model_spec);
-      const auto& spec = spec_;
-      if (spec.parameter_count() != w.model_size) {
-        throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
-                            " parameters, " + w.model_spec + " has " +
-                            std::to_string(spec.parameter_count()));
-      }
+    const bool same_model = welcomed_ && w.model_spec == model_spec_;
+    if (!same_model) {
       // Training options come from the server, so every client trains alike.
       ConfigSchema schema;
       schema.add_section("train", "");
       Config train_cfg(schema);
       train_cfg.merge_toml("[train]\n" + w.training_toml, "the coordinator's [train] section");
-      auto section = train_cfg.section("train");
-      options_train_ = trainer_options_from(section);
-      match_data_to_loss();
-      // A model that cannot take this client's examples stops it at once, saying both.
-      check_model_input(spec, w.model_spec, train_, options_.data.describe());
-      check_model_output(spec, w.model_spec, train_, options_.data.describe());
-      net_ = device_->make_network(spec);
-      net_->init(options_.data_seed);
-      plan_memory(w.model_spec);
-      trainer_.emplace(*net_, options_train_);  // evaluation
-      // The coordinator's train.rule: a rule this client does not have stops it here, naming it.
-      rule_ = rules_.make(options_train_.rule, *net_, options_train_);
-      global_ = FloatBuffer(spec.parameter_count());
-      delta_ = FloatBuffer(spec.parameter_count());
+      options_train_ = trainer_options_from(train_cfg.section("train"));
+    }
+    work_.on_welcome({.spec = w.model_spec,
+                      .parameter_count = w.model_size,
+                      .training_toml = w.training_toml,
+                      .train = options_train_},
+                     same_model);
+    if (!same_model) {
+      model_spec_ = w.model_spec;
+      welcomed_ = true;
+      if (work_.parameters().size() != w.model_size) {
+        throw ProtocolError("the coordinator's model has " + std::to_string(w.model_size) +
+                            " parameters; this client's work holds " +
+                            std::to_string(work_.parameters().size()));
+      }
+      global_ = FloatBuffer(w.model_size);
+      delta_ = FloatBuffer(w.model_size);
     }
     const auto& old = shards();
     const bool same_layout =
@@ -301,36 +255,6 @@ class Participant {
                      << " parameters, " << shards().size() << " shards)";
   }
 
-  // The data as the coordinator's train.loss reads it (load_data()): class labels, or float
-  // targets for mse, each client's rows unchanged (iid and quantity split by size only).
-  void match_data_to_loss() {
-    const bool mse = options_train_.loss == LossKind::kMse;
-    if (mse == train_.is_regression()) return;
-    if (!mse) throw DataError(label_error_);  // the coordinator trains classes
-    const std::size_t rows = train_.size();
-    auto as_targets = options_.data;
-    as_targets.targets = true;
-    take_data(client::load_data(as_targets));  // IDX: ConfigError
-    COHORT_CHECK(train_.size() == rows) << "the training file changed while the client ran";
-  }
-
-  // The tighter of client.memory_budget and the coordinator's train.memory_budget; a model that
-  // cannot fit throws ConfigError, which stops the client with a fatal report (the coordinator
-  // drops it from selection).
-  void plan_memory(const std::string& model_name) {
-    std::size_t budget = options_.memory_budget;
-    if (options_train_.memory_budget > 0 &&
-        (budget == 0 || options_train_.memory_budget < budget)) {
-      budget = options_train_.memory_budget;
-    }
-    if (budget == 0) return;
-    const auto plan = apply_memory_budget(*net_, *device_, options_train_, budget, model_name);
-    COHORT_LOG(Info) << name() << ": memory budget " << budget << " bytes: batch " << plan.batch
-                     << " as " << plan.accumulation << " x " << plan.micro_batch
-                     << (plan.recompute ? ", recomputing activations" : "") << " (measured peak "
-                     << plan.peak_bytes << " bytes, minimum " << plan.minimum_bytes << ")";
-  }
-
   // How every exchange with the shards runs: resent on the library's schedule (3 s doubling to
   // 20 s; `patient`: 30 s for requests a shard holds on purpose), given up on stop or at
   // `deadline`; a RoundStart or Bye that arrives meanwhile is served after the round.
@@ -351,7 +275,7 @@ class Participant {
     report.round = rs.round;
     report.model_version = rs.model_version;
     // Pull every shard's range in parallel.
-    auto params = net_->parameters();
+    auto params = work_.parameters();
     const PullOutcome pulled =
         pull_all(*links_, shards(), steady_clock(), rs.round, rs.model_version, params, xo);
     if (!pulled) {
@@ -362,11 +286,14 @@ class Participant {
     }
     const auto t_pulled = Clock::now();
     if (rs.evaluate_only) {
-      auto eval = trainer_->evaluate(test_);
-      report.evaluated = true;
-      report.eval_loss = static_cast<float>(eval.loss);
-      report.eval_accuracy = eval.has_accuracy ? static_cast<float>(eval.accuracy) : 0.0f;
-      report.eval_count = eval.count;
+      if (auto eval = work_.evaluate()) {
+        report.evaluated = true;
+        report.eval_loss = static_cast<float>(eval->loss);
+        report.eval_accuracy = eval->has_accuracy ? static_cast<float>(eval->accuracy) : 0.0f;
+        report.eval_count = eval->count;
+      } else {
+        report.message = "no test examples to evaluate on";
+      }
       send_report(report);
       return;
     }
@@ -377,11 +304,12 @@ class Participant {
         options_.data_seed * 1000003ULL + rs.model_version * 7919ULL + options_.part_index;
     // RoundStart.local_steps > 0: exactly that many steps (server.work = deadline sizes it per
     // client); 0: train.epochs / train.steps as configured.
-    const auto result = rule_->train({.data = train_,
-                                      .rows = indices_,
-                                      .seed = seed,
-                                      .steps = rs.local_steps,
-                                      .round = rs.round});
+    const auto work = work_.train({.round = rs.round,
+                                   .model_version = rs.model_version,
+                                   .local_steps = rs.local_steps,
+                                   .seed = seed});
+    const TrainResult& result = work.trained;
+    const std::uint64_t num_samples = work.num_samples > 0 ? work.num_samples : work_.num_samples();
     if (rs.local_steps > 0 && result.steps != rs.local_steps) {
       throw DataError("train.rule '" + options_train_.rule + "' took " +
                       std::to_string(result.steps) + " steps where round " +
@@ -389,7 +317,9 @@ class Participant {
                       " (server.work sizes each client's steps)");
     }
     const auto t_trained = Clock::now();
-    report.train_seconds = std::chrono::duration<float>(t_trained - t_pulled).count();
+    report.train_seconds = work.train_seconds > 0
+                               ? static_cast<float>(work.train_seconds)
+                               : std::chrono::duration<float>(t_trained - t_pulled).count();
     report.local_steps = static_cast<std::uint32_t>(result.steps);
     report.peak_training_bytes = result.peak_bytes;
     report.micro_batch = static_cast<std::uint32_t>(result.micro_batch);
@@ -421,7 +351,7 @@ class Participant {
     const PushOutcome pushed = push_all(
         *links_, shards(), steady_clock(),
         {.round = rs.round,
-         .num_samples = indices_.size(),
+         .num_samples = num_samples,
          .base_version = rs.model_version,
          .encoding = transport::Encoding::kDenseF32,
          .kind = transport::PushKind::kDelta,
@@ -442,20 +372,21 @@ class Participant {
     if (!pushed.answered) report.message = "could not push before the deadline";
     if (!pushed.refusals.empty())
       report.message = "a shard refused the update: " + pushed.refusals.front();
-    report.num_samples = indices_.size();
+    report.num_samples = num_samples;
     report.train_loss = static_cast<float>(result.mean_loss);
     report.comm_seconds =
         std::chrono::duration<float>((t_pulled - t0) + (t_pushed - t_trained)).count();
     report.bytes_sent = links_->bytes_sent() - sent0;
     report.bytes_received = links_->bytes_received() - recv0;
     report.links = merge_link_samples(pulled.links, pushed.links);
+    report.round_seconds = std::chrono::duration<float>(Clock::now() - t0).count();
     send_report(report);
   }
 
   // delta_ = trained - global_, clipped, attacked and encoded per shard as configured. Returns the
   // report's message when the update must not be sent (the encoder found it non-finite).
   std::optional<std::string> make_delta(std::uint64_t round) {
-    auto trained = net_->parameters();
+    auto trained = work_.parameters();
     for (std::size_t i = 0; i < delta_.size(); ++i) delta_[i] = trained[i] - global_[i];
     // Client-level DP (docs/ALGORITHMS.md 8.3, eq. 8.2): flat clipping of the whole delta.
     if (options_.dp_clip > 0) (void)aggregation::clip_l2(delta_.span(), options_.dp_clip);
@@ -510,13 +441,9 @@ class Participant {
     report.round = rs.round;
     const std::size_t batch = std::max<std::uint32_t>(rs.batch_size, 1);
     const auto seed = options_.data_seed * 7919ULL + options_.part_index;
-    std::vector<float> x(batch * train_.feature_dim());
-    std::vector<std::int32_t> y(batch);
-    std::vector<float> targets;  // train.loss = mse
-    kernels::RegressionBuffers regression;
     double loss_sum = 0;
     double compute_s = 0;
-    auto params = net_->parameters();
+    auto params = work_.parameters();
     std::uint32_t assigned = 0;  // shard 0's batch for the step (0: RoundStart's, a mean)
     std::uint64_t cursor = 0;    // speed batches: rows taken so far from the stream of epochs
     for (std::uint64_t step = 0; step < rs.local_steps; ++step) {
@@ -525,37 +452,17 @@ class Participant {
         break;
       }
       const auto c0 = Clock::now();
-      const auto rows = assigned > 0 ? dataparallel_rows(indices_, cursor, assigned, seed)
-                                     : dataparallel_batch(indices_, step, batch, seed);
-      cursor += rows.size();
-      x.resize(rows.size() * train_.feature_dim());
-      y.resize(train_.is_regression() ? 0 : rows.size());
-      targets.resize(rows.size() * train_.target_dim());
-      for (std::size_t r = 0; r < rows.size(); ++r) {
-        const auto row = train_.row(rows[r]);
-        std::copy(row.begin(), row.end(), x.begin() + static_cast<std::ptrdiff_t>(r * row.size()));
-        if (train_.is_regression()) {
-          const auto t = train_.target_row(rows[r]);
-          std::copy(t.begin(), t.end(),
-                    targets.begin() + static_cast<std::ptrdiff_t>(r * t.size()));
-        } else {
-          y[r] = train_.labels()[rows[r]];
-        }
-      }
-      loss_sum += train_.is_regression()
-                      ? kernels::regression_gradients(*net_, x, targets, rows.size(), &regression)
-                      : net_->compute_gradients(x, y, rows.size());
-      if (assigned > 0) {  // d(sum of losses) = b x d(mean loss): the gradient becomes a sum
-        const auto b = static_cast<float>(rows.size());
-        for (float& g : net_->gradients()) g *= b;
-      }
-      const auto gbytes = std::as_bytes(net_->gradients());
+      const auto [rows, loss] = work_.gradient(
+          {.step = step, .batch = batch, .assigned = assigned, .cursor = cursor, .seed = seed});
+      cursor += rows;
+      loss_sum += loss;
+      const auto gbytes = std::as_bytes(work_.gradients());
       compute_s += std::chrono::duration<double>(Clock::now() - c0).count();
       COHORT_LOG(Debug) << name() << ": clock " << step;
       const PushOutcome pushed = push_all(
           *links_, shards(), steady_clock(),
           {.round = rs.round,
-           .num_samples = rows.size(),
+           .num_samples = rows,
            .base_version = step,
            .encoding = transport::Encoding::kDenseF32,
            .kind = transport::PushKind::kGradient,
@@ -604,18 +511,11 @@ class Participant {
   bool registered_ = false;
   std::deque<Message> deferred_;
   std::chrono::milliseconds heartbeat_{2000};
-  Dataset train_, test_;
-  std::string label_error_;  // why the files were read as regression targets (load_data())
-  std::vector<std::uint32_t> indices_;
-  std::string partition_text_;
   std::string model_spec_;
-  TrainerOptions options_train_;
-  std::unique_ptr<kernels::Device> device_;
-  kernels::NetworkSpec spec_;  // outlives net_, which refers to it
-  std::unique_ptr<kernels::Network> net_;
-  std::optional<LocalTrainer> trainer_;  // evaluates
-  const LocalTrainingRegistry& rules_;
-  std::unique_ptr<LocalTraining> rule_;  // trains: train.rule
+  bool welcomed_ = false;         // a Welcome made the work's model (model_spec_)
+  TrainerOptions options_train_;  // the coordinator's [train]
+  ClientWork& work_;
+  std::string failure_;  // why run() returned 1
   FloatBuffer global_, delta_;
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
   std::vector<std::unique_ptr<aggregation::PushEncoder>>
@@ -699,8 +599,15 @@ std::vector<std::uint32_t> dataparallel_rows(std::span<const std::uint32_t> indi
 
 int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop,
                     const LocalTrainingRegistry& rules) {
-  Participant p(options, stop, rules);
-  return p.run();
+  const auto work = make_stock_work(options, rules);
+  return run_participant(options, *work, stop).code;
+}
+
+ParticipantExit run_participant(const ParticipantOptions& options, ClientWork& work,
+                                const std::atomic<bool>& stop) {
+  Participant p(options, work, stop);
+  const int code = p.run();
+  return {.code = code, .failure = p.failure()};
 }
 
 }  // namespace cohort::client

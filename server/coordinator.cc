@@ -236,6 +236,7 @@ void Coordinator::on_register(const Message& m, const transport::Register& r) {
   it->second.dataset_size = r.dataset_size;
   it->second.last_seen = clock_.now();
   it->second.reachable = true;
+  it->second.evaluates = !r.no_evaluation;
   // A new session may be new hardware too: measure it afresh.
   it->second.profile = ClientProfile{};
   if (fresh) it->second.index = next_client_index_++;
@@ -512,7 +513,10 @@ void Coordinator::note_client_report(const NodeId& id, const transport::ClientRe
                         .peak_training_bytes = r.peak_training_bytes,
                         .micro_batch = r.micro_batch,
                         .accumulation = r.accumulation,
-                        .recompute = r.recompute};
+                        .recompute = r.recompute,
+                        .train_seconds = r.train_seconds,
+                        .comm_seconds = r.comm_seconds,
+                        .round_seconds = r.round_seconds};
   if (const auto a = assigned_.find(id); a != assigned_.end()) rec.assigned_steps = a->second;
   if (r.trained) ++participations_[id];
   rec.participations = participations_[id];

@@ -61,6 +61,7 @@ class Coordinator {
     // not count towards server.min_clients) until it is heard from again, which after a
     // reconnect is its registration on the new session.
     bool reachable = true;
+    bool evaluates = true;  // Register.no_evaluation unset: it has a test set
     // Federated: the measured device profile (profiles.h), reset when the client registers.
     ClientProfile profile;
   };

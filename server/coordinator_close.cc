@@ -193,7 +193,7 @@ void Coordinator::queue_line(std::uint64_t round_id, const RoundRecord& record) 
   for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
     auto it = clients_.begin();
     std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
-    if (!it->second.reachable) continue;
+    if (!it->second.reachable || !it->second.evaluates) continue;
     const transport::RoundStart rs{
         // FedBuff's task ids and evaluations share one sequence, so a report names what it answers.
         .round = buffered() ? ++round_ : round_,

@@ -176,7 +176,10 @@ std::vector<MetricField> client_record_fields(const ClientRoundRecord& r) {
                              {"peak_training_bytes", r.peak_training_bytes},
                              {"micro_batch", std::uint64_t{r.micro_batch}},
                              {"accumulation", std::uint64_t{r.accumulation}},
-                             {"recompute", r.recompute}};
+                             {"recompute", r.recompute},
+                             {"train_seconds", r.train_seconds},
+                             {"comm_seconds", r.comm_seconds},
+                             {"round_seconds", r.round_seconds}};
   for (std::size_t k = 0; k < r.profile.links.size(); ++k) {
     f.push_back({"down_bytes_per_s_" + std::to_string(k), r.profile.links[k].down_rate});
     f.push_back({"up_bytes_per_s_" + std::to_string(k), r.profile.links[k].up_rate});

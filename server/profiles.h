@@ -132,13 +132,16 @@ struct ClientRoundRecord {
   std::uint32_t micro_batch = 0;          // ClientReport: its memory plan (0: not said)
   std::uint32_t accumulation = 0;
   bool recompute = false;            // ClientReport: activations recomputed by segment
+  // ClientReport: local training, pulling and pushing, and the whole round, in its seconds.
+  double train_seconds = 0, comm_seconds = 0, round_seconds = 0;
   std::uint64_t participations = 0;  // complete updates so far, this one included
   ClientProfile profile;             // after this report
 };
 
 // The fields of the "client" record: round_id, client, trained, assigned_steps, local_steps,
 // measured_samples_per_s, samples_per_s (the average), profile_reports, participations,
-// peak_training_bytes, micro_batch, accumulation, recompute, and per
+// peak_training_bytes, micro_batch, accumulation, recompute, train_seconds, comm_seconds,
+// round_seconds, and per
 // shard k down_bytes_per_s_<k> and up_bytes_per_s_<k> (averages; 0: not measured).
 std::vector<MetricField> client_record_fields(const ClientRoundRecord& record);
 

@@ -238,10 +238,16 @@ TEST_CASE("profiles: the client record names every field, one rate pair per shar
                       .micro_batch = 16,
                       .accumulation = 4,
                       .recompute = true,
+                      .train_seconds = 1.5,
+                      .comm_seconds = 0.25,
+                      .round_seconds = 2,
                       .participations = 3,
                       .profile = measured(250, 2, 0.5f, 0.25f)};
   const auto f = as_map(client_record_fields(r));
-  CHECK(f.size() == 17);
+  CHECK(f.size() == 20);
+  CHECK(std::get<double>(f.at("train_seconds")) == 1.5);
+  CHECK(std::get<double>(f.at("comm_seconds")) == 0.25);
+  CHECK(std::get<double>(f.at("round_seconds")) == 2);
   CHECK(std::get<bool>(f.at("recompute")));
   CHECK(std::get<std::uint64_t>(f.at("peak_training_bytes")) == 4096);
   CHECK(std::get<std::uint64_t>(f.at("micro_batch")) == 16);

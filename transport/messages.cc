@@ -53,6 +53,7 @@ struct Writer {
     r.setResumeToken(m.resume_token);
     r.setShardIndex(m.shard_index);
     r.setPartition(m.partition);
+    r.setNoEvaluation(m.no_evaluation);
   }
   void operator()(const Welcome& m) {
     auto w = b.initWelcome();
@@ -195,6 +196,7 @@ struct Writer {
     r.setMicroBatch(m.micro_batch);
     r.setAccumulation(m.accumulation);
     r.setRecompute(m.recompute);
+    r.setRoundSeconds(m.round_seconds);
     auto links = r.initLinks(static_cast<unsigned>(m.links.size()));
     for (unsigned i = 0; i < m.links.size(); ++i) {
       const auto& l = m.links[i];
@@ -290,7 +292,8 @@ ClientReport read_report(wire::ClientReport::Reader r) {
                    .peak_training_bytes = r.getPeakTrainingBytes(),
                    .micro_batch = r.getMicroBatch(),
                    .accumulation = r.getAccumulation(),
-                   .recompute = r.getRecompute()};
+                   .recompute = r.getRecompute(),
+                   .round_seconds = r.getRoundSeconds()};
   out.links.reserve(links.size());
   for (auto l : links) {
     out.links.push_back({.shard = l.getShard(),
@@ -312,7 +315,7 @@ Body read_body(wire::Envelope::Body::Reader b) {
                       text(r.getListenUrl(), "listenUrl"),
                       r.getResumeToken(),
                       r.getShardIndex(),
-                      text(r.getPartition(), "partition")};
+                      text(r.getPartition(), "partition"), r.getNoEvaluation()};
     }
     case wire::Envelope::Body::WELCOME: return read_welcome(b.getWelcome());
     case wire::Envelope::Body::HEARTBEAT: {

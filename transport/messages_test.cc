@@ -24,7 +24,7 @@ Envelope wrap(Body body) {
 
 std::vector<Body> every_body() {
   return {
-      Register{Role::kClient, 6000, "cuda:0", "tcp://10.0.0.1:5000", 77, 2, "iid 3/10"},
+      Register{Role::kClient, 6000, "cuda:0", "tcp://10.0.0.1:5000", 77, 2, "iid 3/10", true},
       Welcome{3,
               235146,
               "mlp:784-256-128-10",

@@ -36,8 +36,8 @@ TEST_CASE("a client under client.memory_budget trains in micro-batches within it
   constexpr std::uint64_t kBudget = 40 * kMiB;
   Federation f(1, 2,
                {"--model.spec=cnn:2conv", "--server.rounds=2", "--server.clients_per_round=2",
-                "--server.min_clients=2", "--server.work=fixed", "--train.steps=2",
-                "--train.batch_size=256", "--train.lr=0.02",
+                "--server.min_clients=2", "--server.work=fixed", "--train.steps=1",
+                "--train.batch_size=1024", "--train.lr=0.02",
                 // Both clients' reports are what the test reads: no round may close on its
                 // deadline without one (under a sanitizer on a slow runner, a round of this CNN
                 // took longer than the default 60 s, and rounds committed without client-0).
@@ -57,12 +57,12 @@ TEST_CASE("a client under client.memory_budget trains in micro-batches within it
     if (c["client"] == "client-0") {
       ++budgeted;
       CHECK(c["accumulation"].get<std::uint64_t>() > 1);
-      CHECK(c["micro_batch"].get<std::uint64_t>() * c["accumulation"].get<std::uint64_t>() >= 256);
+      CHECK(c["micro_batch"].get<std::uint64_t>() * c["accumulation"].get<std::uint64_t>() >= 1024);
       CHECK(c["peak_training_bytes"].get<std::uint64_t>() <= kBudget);
     } else {
       ++whole;
       CHECK(c["accumulation"] == 1);
-      CHECK(c["micro_batch"] == 256);
+      CHECK(c["micro_batch"] == 1024);
       CHECK(c["peak_training_bytes"].get<std::uint64_t>() > kBudget);
     }
   }

@@ -82,6 +82,7 @@ struct Register {
   resumeToken @4 :UInt64;   # non-zero when re-registering after a reconnect
   shardIndex @5 :UInt32;    # role shard: which shard this is
   partition @6 :Text;       # role client: the data partition it holds, e.g. "dirichlet:0.5 3/10"
+  noEvaluation @7 :Bool;    # role client: it has no test set; the coordinator asks others
 }
 
 # Where one shard lives and which range of the flat parameter vector it owns.
@@ -270,6 +271,7 @@ struct ClientReport {
   microBatch @19 :UInt32;         # samples per forward/backward (0: not said)
   accumulation @20 :UInt32;       # micro-batches per step (train.memory_budget's plan)
   recompute @21 :Bool;            # activations recomputed by segment (the plan, as above)
+  roundSeconds @22 :Float32;      # the client's wall time from the RoundStart to this report
 }
 
 # A client's measurement of its link to one shard in one round: payload bytes and the time from

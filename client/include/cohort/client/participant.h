@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "cohort/client/client_work.h"
 #include "cohort/client/data_source.h"
 #include "cohort/client/local_training.h"
 #include "cohort/client/partition.h"
@@ -71,6 +72,20 @@ ParticipantOptions participant_options_from(const Config& config);
 // TransportError if the coordinator cannot be reached within options.connect_timeout.
 int run_participant(const ParticipantOptions& options, const std::atomic<bool>& stop,
                     const LocalTrainingRegistry& rules = builtin_local_training());
+
+// How run_participant(options, work, stop) ended: code 0 (training finished, or stopped), or 1
+// with `failure` saying why (the coordinator was lost, or it stopped training as failed).
+struct ParticipantExit {
+  int code = 0;
+  std::string failure;
+};
+
+// The same protocol with someone else's data and training (client_work.h): options.data,
+// partition, device, threads and memory_budget are the work's business and not read here;
+// data_seed and part_index still seed the round's shuffles and the compressor. Throws as above,
+// and whatever the work throws (after telling the coordinator this client stopped).
+ParticipantExit run_participant(const ParticipantOptions& options, ClientWork& work,
+                                const std::atomic<bool>& stop);
 
 // The rows a data-parallel worker uses at `step`: epochs of `indices` shuffled by
 // Rng::for_stream(seed, epoch), cut into floor(n / batch) batches (the remainder is dropped).

@@ -55,6 +55,9 @@ struct Register {
   std::uint64_t resume_token = 0;
   std::uint32_t shard_index = 0;
   std::string partition;
+  // A client without a test set (a Python client given no evaluate function): the coordinator
+  // asks the others to evaluate the global model.
+  bool no_evaluation = false;
   bool operator==(const Register&) const = default;
 };
 struct ShardInfo {
@@ -224,6 +227,9 @@ struct ClientReport {
   std::uint32_t micro_batch = 0;
   std::uint32_t accumulation = 0;
   bool recompute = false;
+  // Its wall time from the RoundStart to this report: train_seconds, comm_seconds and whatever
+  // else the client spent (making the update, converting parameters); 0: not said.
+  float round_seconds = 0;
   bool operator==(const ClientReport&) const = default;
 };
 
