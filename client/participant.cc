@@ -311,10 +311,9 @@ class Participant {
     const TrainResult& result = work.trained;
     const std::uint64_t num_samples = work.num_samples > 0 ? work.num_samples : work_.num_samples();
     if (rs.local_steps > 0 && result.steps != rs.local_steps) {
-      throw DataError("train.rule '" + options_train_.rule + "' took " +
-                      std::to_string(result.steps) + " steps where round " +
-                      std::to_string(rs.round) + " asked for " + std::to_string(rs.local_steps) +
-                      " (server.work sizes each client's steps)");
+      throw DataError(work_.trainer_name() + " took " + std::to_string(result.steps) +
+                      " steps where round " + std::to_string(rs.round) + " asked for " +
+                      std::to_string(rs.local_steps) + " (server.work sizes each client's steps)");
     }
     const auto t_trained = Clock::now();
     report.train_seconds = work.train_seconds > 0

@@ -35,6 +35,9 @@ class StockWork final : public ClientWork {
   [[nodiscard]] std::size_t num_samples() const override { return indices_.size(); }
   [[nodiscard]] std::string describe() const override { return partition_text_; }
   [[nodiscard]] std::string device() const override { return options_.device; }
+  [[nodiscard]] std::string trainer_name() const override {
+    return "train.rule '" + options_train_.rule + "'";
+  }
 
   void on_welcome(const WorkModel& model, bool same_model) override {
     if (net_ && same_model) return;

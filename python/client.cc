@@ -96,9 +96,10 @@ client::ParticipantOptions options_from(const std::optional<std::string>& file,
 // Runs the user's functions for the participant.
 class PythonWork final : public client::ClientWork {
  public:
-  PythonWork(std::size_t num_samples, py::object train, py::object evaluate,
-             const std::atomic<bool>& stop)
-      : num_samples_(num_samples),
+  PythonWork(const std::string& name, std::size_t num_samples, py::object train,
+             py::object evaluate, const std::atomic<bool>& stop)
+      : name_hash_(fnv1a(name)),
+        num_samples_(num_samples),
         train_(std::move(train)),
         evaluate_(std::move(evaluate)),
         stop_(stop) {}
@@ -110,6 +111,7 @@ class PythonWork final : public client::ClientWork {
   [[nodiscard]] std::string describe() const override { return "python"; }
   [[nodiscard]] std::string device() const override { return "python"; }
   [[nodiscard]] bool evaluates() const override { return !evaluate_.is_none(); }
+  [[nodiscard]] std::string trainer_name() const override { return "the train function"; }
 
   void on_welcome(const client::WorkModel& model, bool same_model) override {
     round_.model_spec = model.spec;
@@ -127,7 +129,9 @@ class PythonWork final : public client::ClientWork {
     round_.id = r.round;
     round_.model_version = r.model_version;
     round_.local_steps = r.local_steps;
-    round_.seed = r.seed;
+    // The participant's seed mixes data.seed, the model version and data.part, which a Python
+    // client leaves at 0/1: its name makes the seeds of two Python clients differ.
+    round_.seed = r.seed ^ name_hash_;
     py::gil_scoped_acquire gil;
     const auto t0 = Clock::now();
     py::object out = call(train_, "train");
@@ -222,7 +226,10 @@ class PythonWork final : public client::ClientWork {
     try {
       return fn(view, py::cast(round_));
     } catch (py::error_already_set& e) {
-      const std::string message = e.what();
+      // The coordinator hears the exception's first line ("ValueError: ..."), not the traceback
+      // pybind11 appends; the Python caller gets the exception itself.
+      std::string message = e.what();
+      message = message.substr(0, message.find('\n'));
       pending_ = std::make_shared<py::error_already_set>(std::move(e));
       throw TrainingError(std::string(what) + " raised " + message);
     }
@@ -258,6 +265,14 @@ class PythonWork final : public client::ClientWork {
     if (m.contains("train_seconds")) r.train_seconds = m["train_seconds"].cast<double>();
   }
 
+  // FNV-1a: the same on every platform and run (std::hash need not be).
+  static std::uint64_t fnv1a(const std::string& s) {
+    std::uint64_t h = 0xcbf29ce484222325ULL;
+    for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+    return h;
+  }
+
+  std::uint64_t name_hash_;
   std::size_t num_samples_;
   py::object train_, evaluate_;
   const std::atomic<bool>& stop_;
@@ -279,7 +294,7 @@ class Client {
     }
     if (num_samples == 0) throw ConfigError("num_samples must be > 0 (the examples it trains on)");
     stop_.store(false);
-    PythonWork work(num_samples, std::move(train), std::move(evaluate), stop_);
+    PythonWork work(options_.name, num_samples, std::move(train), std::move(evaluate), stop_);
     client::ParticipantExit exit;
     try {
       py::gil_scoped_release released;
@@ -328,6 +343,16 @@ void bind_client(py::module_& m) {
       .def_property_readonly("weight_decay",
                              [](const Round& r) { return r.train.optimizer.weight_decay; })
       .def_property_readonly("prox_mu", [](const Round& r) { return r.train.prox_mu; })
+      .def_property_readonly("beta1", [](const Round& r) { return r.train.optimizer.beta1; })
+      .def_property_readonly("beta2", [](const Round& r) { return r.train.optimizer.beta2; })
+      .def_property_readonly("epsilon", [](const Round& r) { return r.train.optimizer.epsilon; })
+      .def_property_readonly("reset_optimizer_state",
+                             [](const Round& r) { return r.train.reset_optimizer_state; })
+      .def_property_readonly("eval_batch_size",
+                             [](const Round& r) { return r.train.eval_batch_size; })
+      .def_property_readonly(
+          "rule", [](const Round& r) { return r.train.rule; },
+          "train.rule, the C++ clients' local training rule")
       .def_property_readonly(
           "loss", [](const Round& r) { return std::string(client::to_string(r.train.loss)); })
       .def("__repr__", [](const Round& r) {

@@ -18,6 +18,9 @@ packages=(
   python3-yaml
   python3-sklearn python3-numpy  # tests: a CSV data set that is not Fashion-MNIST (digits)
   gnuplot-nox
+  # The cohort Python module (python/) and its tests and examples: Debian's interpreter with
+  # pybind11, NumPy, pytest and PyTorch (CPU).
+  python3-dev pybind11-dev python3-pytest python3-torch
 )
 # Intel's ipsec-mb: a faster AES-GCM for the transport (Debian ships it for amd64 only).
 if [ "$(dpkg --print-architecture)" = amd64 ]; then packages+=(libipsec-mb-dev); fi

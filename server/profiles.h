@@ -131,7 +131,7 @@ struct ClientRoundRecord {
   std::uint64_t peak_training_bytes = 0;  // ClientReport: its measured training-memory peak
   std::uint32_t micro_batch = 0;          // ClientReport: its memory plan (0: not said)
   std::uint32_t accumulation = 0;
-  bool recompute = false;            // ClientReport: activations recomputed by segment
+  bool recompute = false;  // ClientReport: activations recomputed by segment
   // ClientReport: local training, pulling and pushing, and the whole round, in its seconds.
   double train_seconds = 0, comm_seconds = 0, round_seconds = 0;
   std::uint64_t participations = 0;  // complete updates so far, this one included

@@ -315,7 +315,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
                       text(r.getListenUrl(), "listenUrl"),
                       r.getResumeToken(),
                       r.getShardIndex(),
-                      text(r.getPartition(), "partition"), r.getNoEvaluation()};
+                      text(r.getPartition(), "partition"),
+                      r.getNoEvaluation()};
     }
     case wire::Envelope::Body::WELCOME: return read_welcome(b.getWelcome());
     case wire::Envelope::Body::HEARTBEAT: {

@@ -181,3 +181,35 @@ def test_the_round_tells_the_coordinators_training_options(federation):
     rec = [r for r in f.records("client") if r["client"] == "py-0"]
     assert rec and rec[0]["trained"] and rec[0]["local_steps"] == 3
     assert math.isfinite(json.loads(json.dumps(rec[0]))["round_seconds"])
+
+
+def test_steps_other_than_the_round_asked_for_are_refused(federation):
+    # server.work = fixed with train.steps = 2: a function that says it took 5 stops the client.
+    f = federation(["client-0", "py-0"], small_mlp_args(2, 2, 1))
+    f.start_server()
+    f.start_cpp_client("client-0", "0/2")
+    c = ClientThread(cohort.Client(options=f.client_options("py-0")),
+                     lambda p, r: (p, 10, {"steps": 5}), 10)
+    err = c.join(120)
+    assert isinstance(err, cohort.DataError), repr(err)
+    assert "the train function took 5 steps where round" in str(err)
+    assert f.wait_server(120) == 0
+
+
+def test_two_python_clients_shuffle_differently(federation):
+    f = federation(["py-0", "py-1"], small_mlp_args(1, 2, 2))
+    f.start_server()
+    seeds = {}
+
+    def train_as(name):
+        def train(params, rnd):
+            seeds[name] = rnd.seed
+            return params, 10
+        return train
+
+    threads = [ClientThread(cohort.Client(options=f.client_options(n)), train_as(n), 10)
+               for n in ("py-0", "py-1")]
+    for t in threads:
+        assert t.join(60) is None
+    assert f.wait_server(60) == 0
+    assert len(seeds) == 2 and seeds["py-0"] != seeds["py-1"]

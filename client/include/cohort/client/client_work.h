@@ -71,6 +71,8 @@ class ClientWork {
   [[nodiscard]] virtual std::string describe() const = 0;
   // The device it trains on, for the coordinator's pool ("cpu", "cuda:0", "python").
   [[nodiscard]] virtual std::string device() const = 0;
+  // What trains, for messages: "train.rule 'stock'", "the train function".
+  [[nodiscard]] virtual std::string trainer_name() const = 0;
 
   // The coordinator's model: make what training needs. Called at every Welcome (again after a
   // reconnect: `same_model` when the spec did not change). Throws cohort::Error subclasses for a
