@@ -8,7 +8,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -121,9 +123,28 @@ class PythonWork final : public client::ClientWork {
     if (!same_model || params_.size() != model.parameter_count) {
       params_.assign(model.parameter_count, 0.0f);
     }
+    // A train callable with `cohort_parameters` (cohort.torch.Trainer's: its module's tensors
+    // are views of that array) gets the model pulled straight into it and trains it in place.
+    py::gil_scoped_acquire gil;
+    buffer_ = py::none();
+    buffer_span_ = {};
+    if (py::hasattr(train_, "cohort_parameters")) {
+      py::object b = train_.attr("cohort_parameters");
+      if (py::isinstance<py::array_t<float>>(b)) {
+        auto a = b.cast<py::array>();
+        if ((a.flags() & py::array::c_style) && a.writeable() &&
+            static_cast<std::size_t>(a.size()) == model.parameter_count) {
+          buffer_ = a;  // kept alive while the span is used
+          buffer_span_ = {static_cast<float*>(a.mutable_data()), model.parameter_count};
+        }
+      }
+    }
   }
 
-  std::span<float> parameters() override { return params_; }
+  // Called without the GIL: no Python object is touched.
+  std::span<float> parameters() override {
+    return buffer_span_.empty() ? std::span<float>(params_) : buffer_span_;
+  }
 
   client::WorkResult train(const client::WorkRound& r) override {
     round_.id = r.round;
@@ -221,8 +242,9 @@ class PythonWork final : public client::ClientWork {
   // Calls fn(params view, round); a Python exception is kept for run() to raise and stops the
   // client (TrainingError: the coordinator is told, with the exception's message).
   py::object call(const py::object& fn, const char* what) {
-    py::array_t<float> view({params_.size()}, {sizeof(float)}, params_.data(),
-                            py::capsule(params_.data(), [](void*) {}));
+    const auto params = parameters();
+    py::array_t<float> view({params.size()}, {sizeof(float)}, params.data(),
+                            py::capsule(params.data(), [](void*) {}));
     try {
       return fn(view, py::cast(round_));
     } catch (py::error_already_set& e) {
@@ -237,25 +259,34 @@ class PythonWork final : public client::ClientWork {
 
   // The update: any array-like of parameter_count finite values (float32, or converted).
   void take_update(const py::handle& u) {
+    const auto params = parameters();
     auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(u);
     if (!a) {
       PyErr_Clear();
       throw DataError("train's update is not an array of numbers (got " +
                       std::string(py::str(u.get_type().attr("__name__"))) + ")");
     }
-    if (static_cast<std::size_t>(a.size()) != params_.size()) {
+    if (static_cast<std::size_t>(a.size()) != params.size()) {
       throw DataError("train's update has " + std::to_string(a.size()) +
                       " values; the coordinator's model (" + round_.model_spec + ") has " +
-                      std::to_string(params_.size()));
+                      std::to_string(params.size()));
     }
     const float* p = a.data();
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!std::isfinite(p[i])) {
-        throw DataError("train's update holds a non-finite value (" + std::to_string(p[i]) +
-                        ") at element " + std::to_string(i) + "; nothing was pushed");
-      }
+    // One branch-free pass over the exponent bits (all ones: inf or NaN), which vectorises,
+    // then the element named.
+    std::uint32_t nonfinite = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto bits = std::bit_cast<std::uint32_t>(p[i]);
+      nonfinite |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
     }
-    if (p != params_.data()) std::copy(p, p + params_.size(), params_.begin());
+    if (nonfinite != 0) {
+      const std::size_t i = static_cast<std::size_t>(
+          std::find_if(p, p + params.size(), [](float v) { return !std::isfinite(v); }) - p);
+      throw DataError("train's update holds a non-finite value (" + std::to_string(p[i]) +
+                      ") at element " + std::to_string(i) + "; nothing was pushed");
+    }
+    // cohort.torch.Trainer writes into the params it was given: nothing to copy then.
+    if (p != params.data()) std::copy(p, p + params.size(), params.begin());
   }
 
   static void read_metrics(const py::dict& m, client::WorkResult& r) {
@@ -277,6 +308,8 @@ class PythonWork final : public client::ClientWork {
   py::object train_, evaluate_;
   const std::atomic<bool>& stop_;
   std::vector<float> params_;
+  py::object buffer_ = py::none();  // the train callable's cohort_parameters, when it has one
+  std::span<float> buffer_span_;    // its data
   Round round_;
   std::shared_ptr<py::error_already_set> pending_;
 };

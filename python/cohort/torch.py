@@ -21,6 +21,7 @@ coordinator's [train] hyper-parameters of each round (cohort.Round).
 
 # Inside the package cohort this file is cohort/torch.py; Python 3's imports are absolute, so
 # `import torch` below is the top-level PyTorch, never this module.
+import functools
 import math
 import time
 
@@ -61,13 +62,21 @@ def parameter_count(module):
     return sum(t.numel() for _, t in _state(module))
 
 
-def to_vector(module):
-    """The module's state as a Cohort vector: a new contiguous float32 NumPy array holding its
-    state_dict tensors flattened (row-major) one after the other, in state_dict order, without
-    num_batches_tracked."""
+def to_vector(module, out=None):
+    """The module's state as a Cohort vector: its state_dict tensors flattened (row-major) one
+    after the other, in state_dict order, without num_batches_tracked, as a contiguous float32
+    NumPy array: a new one, or `out` (a writable, contiguous float32 array of
+    parameter_count(module) values, e.g. the params a train function was given) filled in place
+    and returned, which spares an allocation and, in cohort.Client, a copy."""
     state = _state(module)
-    out = np.empty(sum(t.numel() for _, t in state), dtype=np.float32)
-    dst = torch.from_numpy(out)
+    size = sum(t.numel() for _, t in state)
+    if out is None:
+        out = np.empty(size, dtype=np.float32)
+    elif (out.dtype != np.float32 or out.size != size or not out.flags.c_contiguous
+          or not out.flags.writeable):
+        raise ValueError(f"to_vector(out=): a writable, contiguous float32 array of {size} "
+                         f"values, got {out.dtype} x {out.size}")
+    dst = torch.from_numpy(out.reshape(-1))
     offset = 0
     with torch.no_grad():
         for _, t in state:
@@ -168,11 +177,8 @@ class _Data:
 # --- the coordinator's [train] beyond cohort.Round's attributes ---------------------------
 
 
-def _train_section(round):
-    """The coordinator's [train] section as a dict (empty when it cannot be read)."""
-    text = getattr(round, "train_toml", "") or ""
-    if not text or _toml is None:
-        return {}
+@functools.lru_cache(maxsize=8)
+def _parse_train_toml(text):
     try:
         section = _toml.loads(text)
     except Exception:  # noqa: BLE001: a section we cannot read leaves the defaults
@@ -180,6 +186,15 @@ def _train_section(round):
     if isinstance(section.get("train"), dict):  # a section sent with its header
         section = section["train"]
     return section
+
+
+def _train_section(round):
+    """The coordinator's [train] section as a dict (empty when it cannot be read); parsed once
+    per distinct text (it changes only with the coordinator)."""
+    text = getattr(round, "train_toml", "") or ""
+    if not text or _toml is None:
+        return {}
+    return _parse_train_toml(text)
 
 
 def _schedule(spec):
@@ -202,6 +217,33 @@ def _schedule(spec):
         return cosine
     raise ValueError(f"train.lr_schedule '{spec}': constant, step:STEP_SIZE:GAMMA or "
                      "cosine[:TOTAL_STEPS[:MIN_LR]]")
+
+
+def _flatten(module):
+    """Makes the module's state (as to_vector lays it out) views of one float32 NumPy array and
+    returns it, or None when a tensor is not float32 (then Trainer copies in and out). The values
+    are kept. cohort.Client pulls each round's model into this array (a train callable's
+    `cohort_parameters`) and pushes from it, so a round copies nothing between NumPy and torch:
+    the tensors are the array."""
+    state = _state(module)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for _, t in state):
+        return None
+    vector = np.empty(sum(t.numel() for _, t in state), dtype=np.float32)
+    flat = torch.from_numpy(vector)
+    offset = 0
+    with torch.no_grad():
+        for _, t in state:
+            n = t.numel()
+            view = flat[offset:offset + n].view(t.shape)
+            view.copy_(t)
+            t.data = view
+            offset += n
+    return vector
+
+
+def _same_memory(a, b):
+    return (isinstance(a, np.ndarray) and a.size == b.size
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 class Trainer:
@@ -232,6 +274,10 @@ class Trainer:
     (without the proximal term), "train_seconds" the training loop alone.
 
     trainer.evaluate(params, round) -> (mean loss, count, {"accuracy": a}) on test_data.
+
+    On the CPU the module's float32 parameters and buffers become views of one array,
+    trainer.cohort_parameters, which cohort.Client pulls into and pushes from: a round then
+    copies nothing between NumPy and torch.
     """
 
     def __init__(self, model, train_data, test_data=None, loss=None, optimizer=None,
@@ -240,6 +286,7 @@ class Trainer:
             torch.set_num_threads(int(threads))
         self.device = torch.device(device)
         self.model = model.to(self.device)
+        self.cohort_parameters = _flatten(self.model) if self.device.type == "cpu" else None
         self.train_data = _Data(train_data, self.device, "train_data")
         self.test_data = None if test_data is None else _Data(test_data, self.device,
                                                               "test_data")
@@ -259,6 +306,28 @@ class Trainer:
         if getattr(round, "loss", "cross_entropy") == "mse":
             return _mse
         return F.cross_entropy
+
+    def _round_optimizer(self, round, section):
+        """This round's optimizer, fresh as the stock trainer's (reset_optimizer_state, the
+        default: no momentum or moments carried over). The built-in choice is made once per
+        distinct setting and its state cleared each round, which is the same and spares
+        building it again."""
+        if self.optimizer is not None:
+            return self._make_optimizer(round, section)
+        key = (getattr(round, "optimizer", "sgd"), float(round.lr), float(round.momentum),
+               bool(round.nesterov), float(getattr(round, "weight_decay", 0.0)),
+               tuple(sorted((k, section[k]) for k in ("beta1", "beta2", "epsilon")
+                            if k in section)))
+        cached = getattr(self, "_optimizer_cache", None)
+        if cached is None or cached[0] != key:
+            cached = (key, self._make_optimizer(round, section))
+            self._optimizer_cache = cached
+        optimizer = cached[1]
+        if getattr(round, "reset_optimizer_state", True):
+            optimizer.state.clear()
+        for g in optimizer.param_groups:  # a schedule changed it during the last round
+            g["lr"] = float(round.lr)
+        return optimizer
 
     def _make_optimizer(self, round, section):
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -280,7 +349,9 @@ class Trainer:
 
     def __call__(self, params, round):
         model, data = self.model, self.train_data
-        from_vector(model, params)
+        own = self.cohort_parameters
+        if own is None or not _same_memory(params, own):
+            from_vector(model, params)  # cohort.Client pulls into own: nothing to load then
         n = len(data)
         if n == 0:
             raise ValueError("Trainer: no training examples")
@@ -295,7 +366,7 @@ class Trainer:
         else:
             total = int(round.epochs) * bpe
         section = _train_section(round)
-        optimizer = self._make_optimizer(round, section)
+        optimizer = self._round_optimizer(round, section)
         schedule = None if self.optimizer is not None else _schedule(section.get("lr_schedule"))
         base_lrs = [g["lr"] for g in optimizer.param_groups]
         loss_fn = self._loss_fn(round)
@@ -345,6 +416,8 @@ class Trainer:
 
         self.last_metrics = {"loss": mean_loss, "steps": step, "samples": samples,
                              "train_seconds": train_seconds}
+        if own is not None and _same_memory(params, own):
+            return own, n, dict(self.last_metrics)  # trained in place: the client reads it as is
         return to_vector(model), n, dict(self.last_metrics)
 
     def evaluate(self, params, round=None):

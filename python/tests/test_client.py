@@ -213,3 +213,29 @@ def test_two_python_clients_shuffle_differently(federation):
         assert t.join(60) is None
     assert f.wait_server(60) == 0
     assert len(seeds) == 2 and seeds["py-0"] != seeds["py-1"]
+
+
+def test_a_torch_trainer_is_pulled_into_and_pushed_from_without_copies(federation):
+    torch = pytest.importorskip("torch")
+    import cohort.torch
+
+    f = federation(["py-0"], small_mlp_args(2, 1, 1))
+    f.start_server()
+    model = torch.nn.Sequential(torch.nn.Linear(784, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    rng = np.random.default_rng(0)
+    trainer = cohort.torch.Trainer(model, (rng.random((256, 784), np.float32),
+                                           rng.integers(0, 10, 256)))
+    shared = []
+
+    def train(params, rnd):
+        shared.append(np.shares_memory(params, trainer.cohort_parameters))
+        return trainer(params, rnd)
+
+    train.cohort_parameters = trainer.cohort_parameters  # what Client.run looks for
+    c = ClientThread(cohort.Client(options=f.client_options("py-0")), train, 256)
+    assert c.join(60) is None
+    assert f.wait_server(60) == 0
+    assert shared == [True, True]
+    # The module's tensors are the array: what was trained is what the client pushed from.
+    np.testing.assert_array_equal(cohort.torch.to_vector(model), trainer.cohort_parameters)
+    assert [r["trained"] for r in f.records("client")] == [True, True]
