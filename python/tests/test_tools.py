@@ -83,6 +83,9 @@ def test_simulate_runs_cohort_sim_in_process(tmp_path):
     assert 0.5 < summary["final_accuracy"] <= 1
     assert summary["metrics_file"] == str(metrics)
     assert metrics.stat().st_size > 0
+    rounds = [r for r in summary["metrics"] if r["event"] == "sim_round"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert rounds[-1]["test_accuracy"] == pytest.approx(summary["final_accuracy"], abs=1e-6)
     with pytest.raises(cohort.ConfigError, match="sim.cliens"):
         cohort.simulate(options={"sim.cliens": 3})
 
