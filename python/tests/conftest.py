@@ -57,7 +57,11 @@ class Federation:
         args += [f"--{k}={v}" for k, v in self.tls("shard-0").items()] + self.server_args
         self.server = self._spawn(args, "server")
         port = self.dir / "port"
-        wait_for(lambda: port.exists() and port.read_text().strip(), 20, "the shard's port file")
+        try:
+            wait_for(lambda: port.exists() and port.read_text().strip(), 20,
+                     "the shard's port file")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the shard's log:\n{self.log('server')[-3000:]}") from None
         self.url = f"tcp://127.0.0.1:{port.read_text().strip()}"
 
     def start_cpp_client(self, name, part, extra=()):

@@ -239,3 +239,34 @@ def test_a_torch_trainer_is_pulled_into_and_pushed_from_without_copies(federatio
     # The module's tensors are the array: what was trained is what the client pushed from.
     np.testing.assert_array_equal(cohort.torch.to_vector(model), trainer.cohort_parameters)
     assert [r["trained"] for r in f.records("client")] == [True, True]
+
+
+def test_fedbuff_takes_python_updates(federation):
+    f = federation(["client-0", "py-0"], [
+        "--model.spec=mlp:784-32-10", "--server.mode=fedbuff", "--server.rounds=4",
+        "--server.min_clients=2", "--train.steps=2", "--server.buffer_size=2",
+        "--server.concurrency=2"])
+    f.start_server()
+    f.start_cpp_client("client-0", "0/2")
+    tasks = []
+
+    def train(params, rnd):
+        tasks.append(rnd.id)
+        return params + 0.001, 100
+
+    c = ClientThread(cohort.Client(options=f.client_options("py-0")), train, 100)
+    assert c.join(120) is None
+    assert f.wait_server(60) == 0
+    assert tasks and len(set(tasks)) == len(tasks)  # each task once
+
+
+def test_data_parallel_refuses_a_python_client(federation):
+    f = federation(["client-0", "py-0"], [
+        "--model.spec=mlp:784-32-10", "--server.mode=dataparallel", "--server.steps=5",
+        "--server.min_clients=2", "--server.clients_per_round=2"])
+    f.start_server()
+    f.start_cpp_client("client-0", "0/2")
+    c = ClientThread(cohort.Client(options=f.client_options("py-0")), lambda p, r: (p, 1), 100)
+    err = c.join(60)
+    assert isinstance(err, cohort.ConfigError), repr(err)
+    assert "trains federated rounds only" in str(err)
