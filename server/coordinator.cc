@@ -117,7 +117,7 @@ bool Coordinator::tick_federated(TimePoint now) {
       finish();
       return false;
     }
-    if (state_ == State::kIdle && all_shards_up() && live_clients() >= min_clients_) start_round();
+    if (state_ == State::kIdle && all_shards_up() && enough_clients()) start_round();
     if (state_ != State::kRunning) break;
     const std::size_t done = completed_.size();
     const bool enough = done >= per_round_;
@@ -182,6 +182,13 @@ bool Coordinator::all_shards_up() const {
 std::size_t Coordinator::live_clients() const {
   return static_cast<std::size_t>(std::count_if(clients_.begin(), clients_.end(),
                                                 [](const auto& c) { return c.second.reachable; }));
+}
+
+// Checked after every message while idle: the pool's size bounds the live count, so the walk
+// over every client runs only once enough have registered (cohort-sim registers its whole fleet
+// one message at a time, and a walk per Register made its set-up quadratic in the fleet).
+bool Coordinator::enough_clients() const {
+  return clients_.size() >= min_clients_ && live_clients() >= min_clients_;
 }
 
 transport::Welcome Coordinator::welcome(std::uint32_t index) const {
@@ -385,7 +392,7 @@ void Coordinator::start_round() {
 
 // ---- data-parallel: one long task per worker; the shards enforce the consistency model ----
 void Coordinator::tick_dataparallel(TimePoint now) {
-  if (state_ == State::kIdle && !dp_started_ && all_shards_up() && live_clients() >= min_clients_) {
+  if (state_ == State::kIdle && !dp_started_ && all_shards_up() && enough_clients()) {
     dp_started_ = true;
     round_ = 1;
     round_started_ = now;
@@ -428,7 +435,7 @@ void Coordinator::tick_dataparallel(TimePoint now) {
 void Coordinator::tick_fedbuff(TimePoint now) {
   if (!all_shards_up()) return;
   if (!fb_started_) {
-    if (live_clients() < min_clients_) return;
+    if (!enough_clients()) return;
     fb_started_ = true;
     round_started_ = now;
   }

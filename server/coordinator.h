@@ -85,6 +85,7 @@ class Coordinator {
   void touch(const transport::Message& m);
   [[nodiscard]] bool all_shards_up() const;
   [[nodiscard]] std::size_t live_clients() const;
+  [[nodiscard]] bool enough_clients() const;  // live_clients() >= min_clients_
   [[nodiscard]] transport::Welcome welcome(std::uint32_t index) const;
   void on_register(const transport::Message& m, const transport::Register& r);
   void send_round_open(std::size_t i);
