@@ -120,9 +120,6 @@ class PythonWork final : public client::ClientWork {
     round_.parameter_count = model.parameter_count;
     round_.train = model.train;
     round_.train_toml = model.training_toml;
-    if (!same_model || params_.size() != model.parameter_count) {
-      params_.assign(model.parameter_count, 0.0f);
-    }
     // A train callable with `cohort_parameters` (cohort.torch.Trainer's: its module's tensors
     // are views of that array) gets the model pulled straight into it and trains it in place.
     py::gil_scoped_acquire gil;
@@ -138,6 +135,12 @@ class PythonWork final : public client::ClientWork {
           buffer_span_ = {static_cast<float*>(a.mutable_data()), model.parameter_count};
         }
       }
+    }
+    // Otherwise the work's own buffer; none is kept beside the callable's.
+    if (!buffer_span_.empty()) {
+      params_ = {};
+    } else if (!same_model || params_.size() != model.parameter_count) {
+      params_.assign(model.parameter_count, 0.0f);
     }
   }
 
