@@ -15,7 +15,8 @@ namespace {
 
 constexpr std::string_view kValidSpecs =
     "valid: iid, shards[:S] (integer S >= 1, default 2), dirichlet[:ALPHA[:MIN_SIZE]] (ALPHA > 0, "
-    "default 0.5; MIN_SIZE default 10), quantity[:BETA] (BETA > 0, default 0.5)";
+    "default 0.5; MIN_SIZE default 10), quantity[:BETA] (BETA > 0, default 0.5), and in cohort-sim "
+    "sample:M (M examples per client, drawn with overlaps)";
 
 [[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
   throw ConfigError("partition spec '" + std::string(spec) + "': " + why + "; " +
@@ -41,8 +42,10 @@ std::string format_number(double v) {
 void check_clients(std::size_t n_items, std::size_t n_clients, std::string_view who) {
   if (n_clients == 0) throw ConfigError(std::string(who) + ": need at least one client");
   if (n_clients > n_items) {
-    throw ConfigError(std::string(who) + ": " + std::to_string(n_clients) + " clients but only " +
-                      std::to_string(n_items) + " examples; use fewer clients");
+    throw ConfigError(
+        std::string(who) + ": " + std::to_string(n_clients) + " clients but only " +
+        std::to_string(n_items) +
+        " examples; use fewer clients (or, in cohort-sim, data.partition = sample:M)");
   }
 }
 
@@ -92,11 +95,12 @@ std::string PartitionSpec::to_string() const {
       return out;
     }
     case PartitionKind::kQuantity: return "quantity:" + format_number(beta);
+    case PartitionKind::kSample: return "sample:" + std::to_string(sample_size);
   }
   return "?";
 }
 
-PartitionSpec parse_partition_spec(std::string_view spec) {
+PartitionSpec parse_partition_spec(std::string_view spec, bool simulation) {
   std::vector<std::string_view> parts;
   std::size_t start = 0;
   for (;;) {
@@ -140,6 +144,19 @@ PartitionSpec parse_partition_spec(std::string_view spec) {
     out.kind = PartitionKind::kQuantity;
     if (parts.size() > 1) out.beta = parse_number(spec, parts[1], "beta");
     if (!(out.beta > 0)) bad_spec(spec, "beta must be > 0");
+  } else if (name == "sample") {
+    if (parts.size() != 2) bad_spec(spec, "sample needs its M, the examples per client (sample:M)");
+    out.kind = PartitionKind::kSample;
+    const double m = parse_number(spec, parts[1], "examples per client");
+    if (m < 1 || m != std::floor(m) || m > 4e9) {
+      bad_spec(spec, "the examples per client must be an integer >= 1");
+    }
+    out.sample_size = static_cast<std::size_t>(m);
+    if (!simulation) {
+      bad_spec(spec,
+               "sample:M lets clients share examples, which only a simulation may (cohort-sim); "
+               "a client of a real federation trains on its own part");
+    }
   } else {
     bad_spec(spec, "unknown partitioner '" + std::string(name) + "'");
   }
@@ -282,10 +299,57 @@ std::vector<std::vector<std::size_t>> label_histogram(const Partition& partition
   return counts;
 }
 
+std::vector<std::uint32_t> sample_rows(std::size_t n_items, std::size_t m, std::uint64_t seed,
+                                       std::uint64_t client) {
+  COHORT_CHECK(m >= 1 && m <= n_items) << "sample_rows: m out of range";
+  // Floyd: for j = n - m .. n - 1, take t uniform in [0, j], or j itself if t is taken already.
+  // M is small (tens to hundreds): a linear membership test beats a hash set.
+  Rng rng = Rng::for_stream(seed, client);
+  std::vector<std::uint32_t> out;
+  out.reserve(m);
+  for (std::size_t j = n_items - m; j < n_items; ++j) {
+    const auto t = static_cast<std::uint32_t>(rng.below(j + 1));
+    const bool taken = std::find(out.begin(), out.end(), t) != out.end();
+    out.push_back(taken ? static_cast<std::uint32_t>(j) : t);
+  }
+  return out;
+}
+
+ClientRows::ClientRows(const PartitionSpec& spec, const Dataset& data, std::size_t n_clients,
+                       std::uint64_t seed)
+    : clients_(n_clients) {
+  if (spec.kind != PartitionKind::kSample) {
+    stored_ = make_partition(spec, data, n_clients, seed);
+    return;
+  }
+  if (n_clients == 0) throw ConfigError("sample partition: need at least one client");
+  if (spec.sample_size > data.size()) {
+    throw ConfigError("data.partition = " + spec.to_string() + ": " +
+                      std::to_string(spec.sample_size) + " examples per client but the data set " +
+                      "has only " + std::to_string(data.size()));
+  }
+  sample_ = spec.sample_size;
+  items_ = data.size();
+  seed_ = seed;
+  COHORT_LOG(Info) << "partition spec=" << spec.to_string() << " clients=" << n_clients
+                   << " examples=" << data.size() << " seed=" << seed
+                   << " (drawn per client when it trains; clients share examples)";
+}
+
+std::span<const std::uint32_t> ClientRows::rows(std::size_t client,
+                                                std::vector<std::uint32_t>& scratch) const {
+  if (sample_ == 0) return stored_[client];
+  scratch = sample_rows(items_, sample_, seed_, client);
+  return scratch;
+}
+
 Partition make_partition(const PartitionSpec& spec, std::span<const std::int32_t> labels,
                          std::size_t n_clients, std::uint64_t seed) {
   Partition out;
   switch (spec.kind) {
+    case PartitionKind::kSample:
+      throw ConfigError("data.partition = " + spec.to_string() +
+                        " has no stored partition: it is cohort-sim's (ClientRows)");
     case PartitionKind::kIid: out = partition_iid(labels.size(), n_clients, seed); break;
     case PartitionKind::kShards:
       out = partition_shards(labels, n_clients, static_cast<std::size_t>(spec.shards_per_client),
@@ -335,6 +399,9 @@ Partition make_partition(const PartitionSpec& spec, const Dataset& data, std::si
     case PartitionKind::kQuantity:
       out = partition_quantity(data.size(), n_clients, spec.beta, seed);
       break;
+    case PartitionKind::kSample:
+      throw ConfigError("data.partition = " + spec.to_string() +
+                        " has no stored partition: it is cohort-sim's (ClientRows)");
     case PartitionKind::kShards:
     case PartitionKind::kDirichlet:
       throw ConfigError("data.partition = " + spec.to_string() +

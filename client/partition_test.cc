@@ -177,6 +177,55 @@ TEST_CASE("partition specs parse, round-trip and reject nonsense with a ConfigEr
   }
 }
 
+TEST_CASE("sample:M (cohort-sim only): rows from (seed, client) alone, distinct, even coverage") {
+  CHECK(parse_partition_spec("sample:60", true).sample_size == 60);
+  CHECK(parse_partition_spec("sample:60", true).to_string() == "sample:60");
+  for (const std::string bad : {"sample", "sample:0", "sample:1.5", "sample:-3", "sample:2:3"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS((void)parse_partition_spec(bad, true), ConfigError);
+  }
+  try {  // a real federation's client: refused at parse time
+    (void)parse_partition_spec("sample:60");
+    FAIL("no throw");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()).find("only a simulation may") != std::string::npos);
+  }
+  const auto labels = balanced_labels(10, 100);  // 1,000 examples
+  CHECK_THROWS_AS((void)make_partition(parse_partition_spec("sample:5", true), labels, 10, 1),
+                  ConfigError);
+  // Independent of the number of clients, distinct and in range.
+  for (std::uint64_t c : {0u, 1u, 77u, 999999u}) {
+    const auto rows = sample_rows(1000, 60, 9, c);
+    CHECK(rows == sample_rows(1000, 60, 9, c));
+    CHECK(rows != sample_rows(1000, 60, 10, c));
+    CHECK(std::set<std::uint32_t>(rows.begin(), rows.end()).size() == 60);
+    CHECK(*std::max_element(rows.begin(), rows.end()) < 1000);
+  }
+  CHECK(sample_rows(50, 50, 3, 4).size() == 50);  // M = examples: all of them
+  // 20,000 clients of 60 out of 1,000 examples: each example drawn 1,200 times on average;
+  // every count within 5 sigma (sigma = sqrt(1200 x 0.94) ~ 34).
+  std::vector<int> drawn(1000);
+  for (std::uint64_t c = 0; c < 20000; ++c) {
+    for (auto i : sample_rows(1000, 60, 4, c)) ++drawn[i];
+  }
+  const auto [lo, hi] = std::minmax_element(drawn.begin(), drawn.end());
+  CHECK(*lo > 1200 - 5 * 34);
+  CHECK(*hi < 1200 + 5 * 34);
+  // ClientRows: stored kinds through make_partition, sample computed into the scratch.
+  Dataset data(FloatBuffer(1000), std::vector<std::int32_t>(labels.begin(), labels.end()),
+               Shape{1, 1, 1});
+  const ClientRows sampled(parse_partition_spec("sample:60", true), data, 5000000, 4);
+  CHECK(sampled.clients() == 5000000);
+  CHECK(sampled.size(4999999) == 60);
+  std::vector<std::uint32_t> scratch;
+  const auto rows = sampled.rows(123, scratch);
+  CHECK(std::vector<std::uint32_t>(rows.begin(), rows.end()) == sample_rows(1000, 60, 4, 123));
+  const ClientRows stored(parse_partition_spec("iid"), data, 10, 4);
+  CHECK(stored.size(3) == 100);
+  CHECK(stored.rows(3, scratch).size() == 100);
+  CHECK_THROWS_AS(ClientRows(parse_partition_spec("sample:1001", true), data, 10, 4), ConfigError);
+}
+
 TEST_CASE("impossible partitions are ConfigErrors, not endless loops") {
   const auto labels = balanced_labels(10, 10);
   CHECK_THROWS_AS((void)partition_iid(5, 6, 1), ConfigError);

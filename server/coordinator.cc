@@ -8,6 +8,7 @@
 #include "cohort/core/log.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/kernels/network.h"
+#include "cohort/transport/endpoint.h"
 #include "speed_selection.h"
 
 namespace cohort::server {
@@ -27,7 +28,7 @@ std::uint64_t rounds_of(const ServerOptions& options) {
 
 Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out,
                          const Clock& clock, const NodeId& name, const std::string& url,
-                         MetricsSink& metrics)
+                         MetricsSink& metrics, std::shared_ptr<const VirtualPopulation> population)
     : modes_(options.modes),
       local_(local),
       out_(out),
@@ -36,7 +37,8 @@ Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out
       rng_(options.round.seed),
       report_(clock, metrics, options.modes.mode == transport::TrainingMode::kBuffered,
               rounds_of(options), options.dp.noise_multiplier, options.dp.delta,
-              options.train.regression) {
+              options.train.regression),
+      population_(std::move(population)) {
   const RoundOptions& r = options.round;
   shards_.resize(options.node.shards);
   shards_[0] = {.up = true, .url = url, .node_id = name, .closed = true};
@@ -88,7 +90,7 @@ bool Coordinator::handle(Message& m) {
     return true;
   }
   if (std::holds_alternative<transport::Bye>(m.envelope.body)) {
-    clients_.erase(m.sender);
+    drop_client(m.sender);
     return true;
   }
   return false;
@@ -159,7 +161,9 @@ void Coordinator::sweep_clients(TimePoint now) {
   for (auto it = clients_.begin(); it != clients_.end();) {
     if (now - it->second.last_seen > timeout && !selected_.contains(it->first)) {
       COHORT_LOG(Info) << "client " << it->first << " timed out";
-      it = clients_.erase(it);
+      const NodeId id = it->first;
+      ++it;
+      drop_client(id);
     } else {
       ++it;
     }
@@ -167,12 +171,41 @@ void Coordinator::sweep_clients(TimePoint now) {
 }
 
 void Coordinator::touch(const Message& m) {
-  auto it = clients_.find(m.sender);
-  if (it != clients_.end()) {
-    it->second.last_seen = clock_.now();
-    it->second.peer = m.peer;
-    it->second.reachable = true;
+  if (ClientInfo* c = client(m.sender)) {
+    c->last_seen = clock_.now();
+    c->peer = m.peer;
+    set_reachable(m.sender, *c, true);
   }
+}
+
+Coordinator::ClientInfo* Coordinator::client(const NodeId& id) {
+  if (auto it = clients_.find(id); it != clients_.end()) return &it->second;
+  if (!population_joined_) return nullptr;
+  const auto i = population_->index_of(id);
+  if (!i || !population_pool_.is_present(*i)) return nullptr;
+  ClientInfo& c = clients_[id];
+  c.peer = transport::multiplexed_peer(population_peer_, id);
+  c.dataset_size = population_->dataset_size(*i);
+  c.last_seen = clock_.now();
+  c.index = *i;
+  c.reachable = population_pool_.is_live(*i);
+  return &c;
+}
+
+void Coordinator::set_reachable(const NodeId& id, ClientInfo& c, bool reachable) {
+  c.reachable = reachable;
+  if (!population_joined_) return;
+  if (const auto i = population_->index_of(id)) population_pool_.set_live(*i, reachable);
+}
+
+void Coordinator::drop_client(const NodeId& id) {
+  clients_.erase(id);
+  if (!population_joined_) return;
+  if (const auto i = population_->index_of(id)) population_pool_.set_present(*i, false);
+}
+
+std::size_t Coordinator::registered_clients() const {
+  return population_joined_ ? population_pool_.present() : clients_.size();
 }
 
 bool Coordinator::all_shards_up() const {
@@ -180,6 +213,8 @@ bool Coordinator::all_shards_up() const {
 }
 
 std::size_t Coordinator::live_clients() const {
+  // Population mode: every client is a member (others are refused), counted by the pool.
+  if (population_) return population_joined_ ? population_pool_.live() : 0;
   return static_cast<std::size_t>(std::count_if(clients_.begin(), clients_.end(),
                                                 [](const auto& c) { return c.second.reachable; }));
 }
@@ -188,7 +223,7 @@ std::size_t Coordinator::live_clients() const {
 // over every client runs only once enough have registered (cohort-sim registers its whole fleet
 // one message at a time, and a walk per Register made its set-up quadratic in the fleet).
 bool Coordinator::enough_clients() const {
-  return clients_.size() >= min_clients_ && live_clients() >= min_clients_;
+  return registered_clients() >= min_clients_ && live_clients() >= min_clients_;
 }
 
 transport::Welcome Coordinator::welcome(std::uint32_t index) const {
@@ -238,6 +273,19 @@ void Coordinator::on_register(const Message& m, const transport::Register& r) {
     reply_error(m, "waiting for all shards to start");
     return;
   }
+  if (population_) {
+    const auto i = population_->index_of(m.sender);
+    if (!i || !population_->present(*i)) {
+      reply_error(m, "this coordinator serves a simulated population; '" + m.sender +
+                         "' is not one of its members");
+      return;
+    }
+    if (!population_joined_) {
+      join_population(m);
+    } else {
+      population_pool_.set_present(*i, true);  // registering again after it left
+    }
+  }
   auto [it, fresh] = clients_.try_emplace(m.sender);
   it->second.peer = m.peer;
   it->second.dataset_size = r.dataset_size;
@@ -248,7 +296,7 @@ void Coordinator::on_register(const Message& m, const transport::Register& r) {
   it->second.profile = ClientProfile{};
   if (fresh) it->second.index = next_client_index_++;
   COHORT_LOG(Info) << "client " << (fresh ? "registered: " : "re-registered: ") << m.sender << " ("
-                   << r.dataset_size << " samples, " << r.device << ", " << clients_.size()
+                   << r.dataset_size << " samples, " << r.device << ", " << registered_clients()
                    << " clients)";
   Envelope e;
   e.body = welcome(it->second.index);
@@ -288,7 +336,56 @@ void Coordinator::reply_error(const Message& m, std::string why) {
   out_.send(m.peer, std::move(e));
 }
 
+void Coordinator::join_population(const Message& m) {
+  population_peer_ = m.peer;
+  population_pool_ = PopulationPool(*population_, selection_ == Selection::kWeighted);
+  population_joined_ = true;
+  COHORT_LOG(Info) << population_pool_.present() << " clients of a simulated population of "
+                   << population_->count << " registered at once, through " << m.sender;
+}
+
+std::vector<NodeId> Coordinator::select_members(std::size_t want) {
+  std::vector<std::uint32_t> picked;
+  if (selection_ == Selection::kSpeedAware) {
+    // O(live members): speed-aware selection draws a key for every candidate.
+    const std::vector<std::uint32_t> live = population_pool_.live_members();
+    std::vector<SelectionCandidate> candidates(live.size(), {.since_selected = round_});
+    auto candidate = [&](const NodeId& id) -> SelectionCandidate* {
+      const auto i = population_->index_of(id);
+      if (!i) return nullptr;
+      const auto at = std::lower_bound(live.begin(), live.end(), *i);
+      return at != live.end() && *at == *i
+                 ? &candidates[static_cast<std::size_t>(at - live.begin())]
+                 : nullptr;
+    };
+    for (const auto& [id, n] : selections_)
+      if (auto* c = candidate(id)) c->selected = n;
+    for (const auto& [id, n] : participations_)
+      if (auto* c = candidate(id)) c->completed = n;
+    for (const auto& [id, last] : last_selected_)
+      if (auto* c = candidate(id)) c->since_selected = round_ - last;
+    for (std::size_t k : speed_aware_selection(candidates, per_round_, want, rng_)) {
+      picked.push_back(live[k]);
+    }
+  } else {
+    picked = population_pool_.sample(want, selection_ == Selection::kWeighted, rng_);
+  }
+  std::sort(picked.begin(), picked.end());  // index order is name order
+  std::vector<NodeId> out;
+  out.reserve(picked.size());
+  for (const std::uint32_t i : picked) {
+    out.push_back(population_->name(i));
+    (void)client(out.back());  // the cohort gets entries: peers, profiles, records
+  }
+  return out;
+}
+
 std::vector<NodeId> Coordinator::select() {
+  if (population_joined_) {
+    const std::size_t want =
+        static_cast<std::size_t>(std::ceil(static_cast<double>(per_round_) * overselect_));
+    return select_members(std::min(std::max<std::size_t>(want, 1), population_pool_.live()));
+  }
   std::vector<NodeId> pool;
   std::vector<double> weights;
   for (const auto& [id, c] : clients_) {
@@ -381,7 +478,7 @@ void Coordinator::start_round() {
       ++selections_[id];
       last_selected_[id] = round_;
     } else {
-      c.reachable = false;
+      set_reachable(id, c, false);
       COHORT_LOG(Info) << "client " << id << " is unreachable (its connection is gone): out of the "
                        << "pool until it registers again";
     }
@@ -468,7 +565,7 @@ void Coordinator::tick_fedbuff(TimePoint now) {
     if (out_.send(it->second.peer, std::move(e))) {
       busy_[it->first] = now + deadline_;
     } else {
-      it->second.reachable = false;
+      set_reachable(it->first, it->second, false);
     }
   }
   if (local_.buffered() >= buffer_k_ && now >= fb_retry_) prepare_close(committed_ + 1, 0);
@@ -621,7 +718,7 @@ void Coordinator::on_fatal_report(const Message& m, const transport::ClientRepor
     ++reported_;
   }
   busy_.erase(m.sender);
-  clients_.erase(m.sender);
+  drop_client(m.sender);
 }
 
 // A FedBuff task's report. It may arrive after the step that averaged its update: it goes to

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -16,9 +17,11 @@
 #include "cohort/aggregation/privacy.h"
 #include "cohort/core/clock.h"
 #include "cohort/core/metrics.h"
+#include "cohort/server/population.h"
 
 #include "mode.h"
 #include "outbox.h"
+#include "population_pool.h"
 #include "profiles.h"
 #include "round_report.h"
 #include "server_options.h"
@@ -31,8 +34,11 @@ class Coordinator {
   // `local` is shard 0, in this process (set up already); `name` and `url` are shard 0's node id
   // and listening url, as the Welcome lists them. Every reference must outlive the coordinator.
   // Keeps what it needs of `options` (the modes, rounds, FedBuff, DP, [train] to forward).
+  // `population` (cohort-sim, in one process): its members register in bulk, the first Register
+  // from one of them standing for all (population.h); any other client is refused.
   Coordinator(const ServerOptions& options, Shard& local, Outbox& out, const Clock& clock,
-              const NodeId& name, const std::string& url, MetricsSink& metrics);
+              const NodeId& name, const std::string& url, MetricsSink& metrics,
+              std::shared_ptr<const VirtualPopulation> population = nullptr);
 
   [[nodiscard]] bool finished() const { return finished_; }
   // Why training stopped without finishing (give_up), or empty.
@@ -83,6 +89,22 @@ class Coordinator {
   }
 
   void touch(const transport::Message& m);
+  // The client's entry; a population member that is present but has none yet gets one (its peer
+  // handle on the population's connection). nullptr for anyone else.
+  ClientInfo* client(const NodeId& id);
+  // Marks a client unreachable (a send found its connection gone) or reachable again.
+  void set_reachable(const NodeId& id, ClientInfo& c, bool reachable);
+  // The client leaves the pool (Bye, a fatal report, timed out).
+  void drop_client(const NodeId& id);
+  // A member's first Register (population mode): every present member is registered from here.
+  void join_population(const transport::Message& m);
+  // Population mode: the cohort drawn from the pool's counters (population_pool.h).
+  std::vector<NodeId> select_members(std::size_t want);
+  // The registered client at the evaluation cursor, which it advances (nullptr for a member that
+  // is not reachable).
+  std::pair<NodeId, ClientInfo*> next_to_evaluate();
+  // Registered clients: in population mode the present members, whether they have an entry yet.
+  [[nodiscard]] std::size_t registered_clients() const;
   [[nodiscard]] bool all_shards_up() const;
   [[nodiscard]] std::size_t live_clients() const;
   [[nodiscard]] bool enough_clients() const;  // live_clients() >= min_clients_
@@ -147,7 +169,13 @@ class Coordinator {
   MetricsSink& metrics_;
   std::mt19937_64 rng_;
   std::vector<ShardInfo> shards_;
+  // Every registered client; in population mode only the members selected or heard from (the
+  // others are counted in population_pool_).
   std::map<NodeId, ClientInfo> clients_;
+  std::shared_ptr<const VirtualPopulation> population_;
+  PopulationPool population_pool_;
+  transport::PeerHandle population_peer_;  // the handle its first Register came from
+  bool population_joined_ = false;
   std::uint32_t next_client_index_ = 0;
   std::string model_spec_;
   std::uint64_t model_size_ = 0;

@@ -190,10 +190,9 @@ void Coordinator::queue_line(std::uint64_t round_id, const RoundRecord& record) 
   }
   const bool eval = eval_every_ > 0 && (committed_ % eval_every_ == 0 || committed_ >= rounds_);
   // The first reachable client from the cursor on; one whose connection proves gone is skipped.
-  for (std::size_t tries = 0; eval && tries < clients_.size(); ++tries) {
-    auto it = clients_.begin();
-    std::advance(it, static_cast<std::ptrdiff_t>(eval_cursor_++ % clients_.size()));
-    if (!it->second.reachable || !it->second.evaluates) continue;
+  for (std::size_t tries = 0; eval && tries < registered_clients(); ++tries) {
+    const auto [id, c] = next_to_evaluate();
+    if (c == nullptr || !c->reachable || !c->evaluates) continue;
     const transport::RoundStart rs{
         // FedBuff's task ids and evaluations share one sequence, so a report names what it answers.
         .round = buffered() ? ++round_ : round_,
@@ -205,15 +204,30 @@ void Coordinator::queue_line(std::uint64_t round_id, const RoundRecord& record) 
     Envelope e;
     e.round = rs.round;
     e.body = rs;
-    if (out_.send(it->second.peer, std::move(e))) {
+    if (out_.send(c->peer, std::move(e))) {
       line.waiting = true;
       line.eval_id = rs.round;
       line.eval_deadline = clock_.now() + deadline_;
       break;
     }
-    it->second.reachable = false;
+    set_reachable(id, *c, false);
   }
   report_.queue(std::move(line));
+}
+
+std::pair<NodeId, Coordinator::ClientInfo*> Coordinator::next_to_evaluate() {
+  const std::size_t at = eval_cursor_++ % registered_clients();
+  if (population_joined_) {
+    // The same walk as over the map of every registered client: the at-th present member.
+    const std::uint32_t i = population_pool_.kth_present(at);
+    if (!population_pool_.is_live(i)) return {NodeId{}, nullptr};
+    NodeId id = population_->name(i);
+    ClientInfo* c = client(id);
+    return {std::move(id), c};
+  }
+  auto it = clients_.begin();
+  std::advance(it, static_cast<std::ptrdiff_t>(at));
+  return {it->first, &it->second};
 }
 
 // After server.max_failed_rounds failed rounds (steps) in a row: the clients and shards are

@@ -113,7 +113,7 @@ class Node {
  public:
   // `options` must outlive the node.
   Node(const ServerOptions& options, const Registries& registries, transport::Context& ctx,
-       ThreadPool& pool)
+       ThreadPool& pool, std::shared_ptr<const VirtualPopulation> population)
       : options_(options),
         index_(options.node.index),
         name_(options.node.name),
@@ -127,7 +127,8 @@ class Node {
     if (index_ == 0) {
       const std::string& spec = options.model.spec;
       shard_->setup(spec, kernels::make_network_spec(spec).parameter_count());
-      coordinator_.emplace(options, *shard_, out_, clock_, name_, ep_.url(), *metrics_);
+      coordinator_.emplace(options, *shard_, out_, clock_, name_, ep_.url(), *metrics_,
+                           std::move(population));
     } else {
       auto up = options.transport.endpoint;
       // Only the federation's coordinator may drive this shard: any other certificate of the same
@@ -293,7 +294,7 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
       .parameter_count();  // validates the spec early
   check_dp_options(options.dp, options.modes);
   ThreadPool pool(2);
-  Node node(options, registries, ctx, pool);
+  Node node(options, registries, ctx, pool, overrides.population);
   return node.serve(stop);
 }
 

@@ -52,6 +52,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "cohort/client/idx.h"
 #include "cohort/client/shard_client.h"
@@ -63,7 +64,6 @@ namespace cohort::sim {
 
 using namespace std::chrono_literals;
 using client::load_fashion_mnist;
-using client::make_partition;
 using client::trainer_options_from;
 using transport::Endpoint;
 using transport::Envelope;
@@ -89,12 +89,46 @@ Fleet::Fleet(const SimOptions& options, transport::Context& ctx,
   const std::size_t want = static_cast<std::size_t>(
       std::ceil(static_cast<double>(options.server.clients_per_round) * options.server.overselect));
   expected_selected_ = std::min(std::max<std::size_t>(want, 1), registrants_);
-  width_ = std::max<std::size_t>(5, std::to_string(n_ > 0 ? n_ - 1 : 0).size());
+  started_ = Clock::now();
+}
+
+std::shared_ptr<const server::VirtualPopulation> Fleet::prepare() {
+  COHORT_CHECK(!population_) << "Fleet::prepare() twice";
+  if (n_ == 0) throw ConfigError("sim.clients must be at least 1");
+  if (n_ > std::numeric_limits<std::uint32_t>::max() / 2) {
+    throw ConfigError("sim.clients must be at most " +
+                      std::to_string(std::numeric_limits<std::uint32_t>::max() / 2));
+  }
+  auto data = client::load_data(sim_.data.source);
+  train_ = std::move(data.train);
+  test_ = std::move(data.test);
+  rows_ = client::ClientRows(sim_.data.partition, train_, n_, sim_.data.seed);
+  partition_text_ = sim_.data.partition.to_string();
+  if (!sim_.profile.trace.empty()) trace_ = read_profile_trace(sim_.profile.trace);
+  COHORT_LOG(Info) << "cohort-sim: " << n_ << " virtual clients (" << partition_text_ << "), "
+                   << pool_.size() << " training threads";
+  // One linear pass, a few bytes per client: who registers and how much data each one holds.
+  auto p = std::make_shared<server::VirtualPopulation>();
+  p->count = static_cast<std::uint32_t>(n_);
+  p->width = server::VirtualPopulation::width_for(n_);
+  if (memory_.unfit() > 0) {
+    p->absent.resize(n_);
+    for (std::uint32_t c = 0; c < n_; ++c) p->absent[c] = !memory_.fits(c);
+  }
+  bool same_size = true;
+  for (std::uint32_t c = 1; c < n_ && same_size; ++c) same_size = rows_.size(c) == rows_.size(0);
+  p->size_all = rows_.size(0);
+  if (!same_size) {
+    p->sizes.resize(n_);
+    for (std::uint32_t c = 0; c < n_; ++c) p->sizes[c] = static_cast<std::uint32_t>(rows_.size(c));
+  }
+  population_ = std::move(p);
+  prepared_ = Clock::now();
+  return population_;
 }
 
 Summary Fleet::run() {
-  started_ = Clock::now();
-  load();
+  COHORT_CHECK(population_) << "Fleet::run() before prepare()";
   transport::EndpointOptions o;
   o.node_id = "sim-fleet";
   o.security.insecure = true;
@@ -103,7 +137,6 @@ Summary Fleet::run() {
   for (const auto& url : urls_)
     eps_.push_back(std::make_unique<Endpoint>(Endpoint::connect(ctx_, url, o)));
   for (auto& e : eps_) ep_ptrs_.push_back(e.get());
-  registered_.assign(n_, false);
   summary_.participation.assign(n_, 0);
   summary_.selections.assign(n_, 0);
   summary_.clients_unfit = memory_.unfit();
@@ -163,35 +196,6 @@ void Fleet::drain_until(const std::function<bool()>& done) {
   }
 }
 
-std::string Fleet::name_of(std::uint32_t c) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "c%0*u", static_cast<int>(width_), static_cast<unsigned>(c));
-  return name;
-}
-
-std::optional<std::uint32_t> Fleet::client_of(const std::string& name) const {
-  if (name.size() != width_ + 1 || name[0] != 'c') return std::nullopt;
-  std::uint64_t v = 0;
-  for (std::size_t i = 1; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    v = v * 10 + static_cast<std::uint64_t>(name[i] - '0');
-  }
-  if (v >= n_) return std::nullopt;
-  return static_cast<std::uint32_t>(v);
-}
-
-void Fleet::load() {
-  if (n_ == 0) throw ConfigError("sim.clients must be at least 1");
-  auto data = client::load_data(sim_.data.source);
-  train_ = std::move(data.train);
-  test_ = std::move(data.test);
-  partition_ = make_partition(sim_.data.partition, train_, n_, sim_.data.seed);
-  partition_text_ = sim_.data.partition.to_string();
-  if (!sim_.profile.trace.empty()) trace_ = read_profile_trace(sim_.profile.trace);
-  COHORT_LOG(Info) << "cohort-sim: " << n_ << " virtual clients (" << partition_text_ << "), "
-                   << pool_.size() << " training threads";
-}
-
 DeviceProfile Fleet::profile(std::uint32_t c) const {
   if (!trace_.empty()) return trace_[c % trace_.size()];
   return draw_profile(sim_.profile.spec, sim_.seed, c);
@@ -202,34 +206,22 @@ void Fleet::send(std::size_t shard, std::uint32_t client, Envelope e, transport:
   eps_[shard]->send({}, std::move(e), payload);
 }
 
+// The coordinator admits the whole population at its first member's Register (population.h):
+// one client knocks every 100 ms until the Welcome (all shards up). A client whose memory cannot
+// train the model is absent from the population: it never registers, as a real one would not.
 void Fleet::drive_registration() {
   if (all_registered()) return;
   const auto now = Clock::now();
-  if (!welcomed_any_) {
-    // Until the first welcome (all shards up), one client knocks every 100 ms.
-    if (now >= next_knock_) {
-      send_register(first_registrant_);
-      next_knock_ = now + 100ms;
-    }
-    return;
-  }
-  while (next_register_ < n_ && next_register_ < welcomes_ + 512) {
-    const auto c = static_cast<std::uint32_t>(next_register_);
-    // A client whose memory cannot train the model never registers, as a real one would not.
-    if (!registered_[c] && memory_.fits(c)) send_register(c);
-    ++next_register_;
-  }
-  if (!retry_.empty() && now >= next_knock_) {
-    for (auto c : retry_) send_register(c);
-    retry_.clear();
-    next_knock_ = now + 200ms;
+  if (now >= next_knock_) {
+    send_register(first_registrant_);
+    next_knock_ = now + 100ms;
   }
 }
 
 void Fleet::send_register(std::uint32_t c) {
   transport::Register r;
   r.role = transport::Role::kClient;
-  r.dataset_size = partition_[c].size();
+  r.dataset_size = rows_.size(c);
   r.device = "sim";
   r.partition = partition_text_ + " " + std::to_string(c) + "/" + std::to_string(n_);
   Envelope e;
@@ -238,19 +230,12 @@ void Fleet::send_register(std::uint32_t c) {
 }
 
 void Fleet::on_welcome(std::uint32_t c, const transport::Welcome& w) {
-  if (!welcomed_any_) {
-    welcomed_any_ = true;
-    setup_model(w);
-    next_register_ = 0;
-  }
-  if (!registered_[c]) {
-    registered_[c] = true;
-    ++welcomes_;
-    if (all_registered()) {
-      COHORT_LOG(Info) << "cohort-sim: " << registrants_ << " clients registered in "
-                       << seconds_since(started_) << " s";
-    }
-  }
+  if (welcomed_any_ || c != first_registrant_) return;
+  welcomed_any_ = true;
+  setup_model(w);
+  COHORT_LOG(Info) << "cohort-sim: " << registrants_ << " clients registered "
+                   << seconds_since(started_) << " s after the start (data and rows were ready at "
+                   << std::chrono::duration<double>(prepared_ - started_).count() << " s)";
 }
 
 void Fleet::setup_model(const transport::Welcome& w) {
@@ -314,8 +299,7 @@ void Fleet::dispatch(Message& m) {
   if (auto* w = std::get_if<transport::Welcome>(&body)) {
     on_welcome(*c, *w);
   } else if (auto* e = std::get_if<transport::ErrorBody>(&body)) {
-    if (!registered_[*c]) {
-      retry_.push_back(*c);
+    if (!welcomed_any_) {  // the knock is repeated (shards still starting)
       COHORT_LOG(Debug) << name_of(*c) << ": " << e->message;
     } else {
       COHORT_LOG(Warn) << name_of(*c) << ": " << e->message;

@@ -26,6 +26,7 @@
 #include "cohort/core/thread_pool.h"
 #include "cohort/kernels/device.h"
 #include "cohort/kernels/network.h"
+#include "cohort/server/population.h"
 #include "cohort/sim/sim.h"
 #include "cohort/transport/endpoint.h"
 #include "memory_budgets.h"
@@ -57,8 +58,13 @@ class Fleet {
         const std::atomic<bool>& stop, const std::function<bool()>& shards_failed,
         const client::LocalTrainingRegistry& rules, FleetMemory memory = {});
 
-  // Registers every client, then runs rounds; returns the run's totals. Throws what a training
-  // job threw, ProtocolError for a malformed reply, InternalError if a shard failed.
+  // Loads the data and the clients' rows, and returns the population the coordinator admits in
+  // bulk (InProcessOverrides::population): call it once, before the shards start and run().
+  std::shared_ptr<const server::VirtualPopulation> prepare();
+
+  // Registers every client (one Register stands for the population), then runs rounds; returns the
+  // run's totals. Throws what a training job threw, ProtocolError for a malformed reply,
+  // InternalError if a shard failed.
   Summary run();
 
   // After training: keep reading (the coordinator says goodbye to every client) until the shards
@@ -87,7 +93,8 @@ class Fleet {
     client::EvalResult eval;
     double wall_train_s = 0, train_cpu_s = 0;
     std::uint64_t bytes_down = 0, bytes_up = 0;
-    std::size_t micro_batch = 0;  // the slot network's micro-batch it trained with (0: whole)
+    std::size_t micro_batch = 0;      // the slot network's micro-batch it trained with (0: whole)
+    std::vector<std::uint32_t> rows;  // its rows, when computed (data.partition = sample:M)
   };
 
   struct Result {
@@ -134,9 +141,10 @@ class Fleet {
     Clock::time_point wall_start;
   };
 
-  std::string name_of(std::uint32_t c) const;
-  std::optional<std::uint32_t> client_of(const std::string& name) const;
-  void load();
+  std::string name_of(std::uint32_t c) const { return population_->name(c); }
+  std::optional<std::uint32_t> client_of(const std::string& name) const {
+    return population_->index_of(name);
+  }
   DeviceProfile profile(std::uint32_t c) const;
   void send(std::size_t shard, std::uint32_t client, transport::Envelope e,
             transport::Payload payload = {});
@@ -144,8 +152,8 @@ class Fleet {
   // ---- registration (fleet.cc) ------------------------------------------------------------------
 
   void drive_registration();
-  // Every client that can train (memory_) is registered.
-  [[nodiscard]] bool all_registered() const { return welcomes_ >= registrants_; }
+  // Every client that can train (memory_) is registered: the population's first Welcome.
+  [[nodiscard]] bool all_registered() const { return welcomed_any_; }
   void send_register(std::uint32_t c);
   void on_welcome(std::uint32_t c, const transport::Welcome& w);
   void setup_model(const transport::Welcome& w);
@@ -216,12 +224,14 @@ class Fleet {
   std::size_t n_ = 0;            // sim_.clients
   std::size_t registrants_ = 0;  // the clients that register: those whose memory fits
   std::uint32_t first_registrant_ = 0;
-  std::size_t window_ = 4, expected_selected_ = 1, width_ = 5;
-  Clock::time_point started_, first_round_wall_;
+  std::size_t window_ = 4, expected_selected_ = 1;
+  // The fleet's construction (the simulation's start), prepare()'s end, the first round's start.
+  Clock::time_point started_, prepared_, first_round_wall_;
 
   client::Dataset train_, test_;
-  client::Partition partition_;
+  client::ClientRows rows_;
   std::string partition_text_;
+  std::shared_ptr<const server::VirtualPopulation> population_;
   std::vector<DeviceProfile> trace_;
 
   std::vector<std::unique_ptr<transport::Endpoint>> eps_;
@@ -238,9 +248,6 @@ class Fleet {
   std::mutex results_mu_;  // guards results_
   std::vector<Result> results_;
 
-  std::vector<bool> registered_;
-  std::vector<std::uint32_t> retry_;
-  std::size_t welcomes_ = 0, next_register_ = 0;
   bool welcomed_any_ = false, finished_ = false;
   Clock::time_point next_knock_;
 

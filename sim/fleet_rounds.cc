@@ -46,8 +46,8 @@ void Fleet::plan(Collecting col) {
     const DeviceProfile p = profiles[i] = profile(c);
     // The work the coordinator asked this client for: its compute time follows it.
     steps[i] = col.clients[i].local_steps > 0 ? col.clients[i].local_steps : options_.steps;
-    samples[i] = samples_per_round(partition_[c].size(), options_.batch_size, options_.epochs,
-                                   steps[i], options_.drop_last);
+    samples[i] = samples_per_round(rows_.size(c), options_.batch_size, options_.epochs, steps[i],
+                                   options_.drop_last);
     // Under a memory budget its training runs in micro-batches: slower by the plan's factor.
     times[i] = client_time(p, {.bytes_down = bytes_down,
                                .bytes_up = bytes_up,
@@ -65,7 +65,10 @@ void Fleet::plan(Collecting col) {
   a.round = col.round;
   a.rs = col.rs;
   a.wall_start = Clock::now();
-  if (summary_.rounds == 0) first_round_wall_ = a.wall_start;
+  if (summary_.rounds == 0) {
+    first_round_wall_ = a.wall_start;
+    summary_.setup_seconds = std::chrono::duration<double>(a.wall_start - started_).count();
+  }
   auto& rec = a.record;
   rec.seq = ++summary_.rounds;
   rec.round_id = col.round;
@@ -210,7 +213,7 @@ void Fleet::submit(Job& job) {
         const auto seed = sim_.data.seed * 1000003ULL + j->rs.model_version * 7919ULL + j->client;
         // The job's step count (0: train.epochs) goes to this call; the slot's trainer stays.
         j->result = slot->rule->train({.data = train_,
-                                       .rows = partition_[j->client],
+                                       .rows = rows_.rows(j->client, j->rows),
                                        .seed = seed,
                                        .steps = j->steps,
                                        .round = j->rs.round});
@@ -269,7 +272,7 @@ void Fleet::push(Job& job) {
     const auto& s = shards_[i];
     auto e = client::push_request(
         s, client::PushFields{.round = job.rs.round,
-                              .num_samples = partition_[job.client].size(),
+                              .num_samples = rows_.size(job.client),
                               .base_version = job.rs.model_version,
                               .train_loss = static_cast<float>(job.result.mean_loss)});
     std::get<transport::Push>(e.body).local_work =
@@ -337,7 +340,7 @@ void Fleet::finish_training_job(Job& job) {
   transport::ClientReport r = base_report(job);
   r.trained = job.refusals.empty();
   if (!job.refusals.empty()) r.message = "a shard refused the update: " + job.refusals.front();
-  r.num_samples = partition_[job.client].size();
+  r.num_samples = rows_.size(job.client);
   r.train_loss = static_cast<float>(job.result.mean_loss);
   r.train_seconds = static_cast<float>(job.time.compute_s);
   r.local_steps = static_cast<std::uint32_t>(job.result.steps);
@@ -454,9 +457,9 @@ void Fleet::progress_line(bool round_done) {
   if (!reporter_.progress_due(round_done)) return;
   ProgressView v;
   v.wall_s = seconds_since(started_);
-  if (!welcomed_any_ || !all_registered()) {
+  if (!all_registered()) {
     v.registering = true;
-    v.registered = welcomes_;
+    v.registered = 0;  // the population registers at once, at its first Welcome
     v.clients = registrants_;
   } else {
     const std::uint64_t done = summary_.committed;

@@ -70,6 +70,7 @@ std::string sim_url(std::uint64_t run, std::uint32_t shard) {
 
 Summary run_in_process(const Config& config, const Registries& registries,
                        const std::atomic<bool>& stop, const client::LocalTrainingRegistry& rules) {
+  const auto began = Clock::now();
   const SimOptions options = sim_options_from(config, Runner::kInProcess);
   rules.check(client::trainer_options_from(config.section("train")).rule);
   // Planned before any shard starts: it refuses a fleet that cannot train at all, and the
@@ -92,9 +93,16 @@ Summary run_in_process(const Config& config, const Registries& registries,
   std::mutex errors_mu;
   std::atomic<bool> failed{false};
   std::vector<std::thread> threads;
+  // The fleet loads the data and makes the clients' rows before any shard starts: the
+  // coordinator admits its population in bulk (population.h), and reads it on its own thread.
+  const double planning_s = std::chrono::duration<double>(Clock::now() - began).count();
+  std::optional<Fleet> fleet;
+  fleet.emplace(
+      options, ctx, urls, stop, [&] { return failed.load(); }, rules, std::move(memory));
   const server::InProcessOverrides overrides{
       .plan_deadline_ms =
-          options.server.deadline_work ? config.get_int("server.round_deadline_ms") : 0};
+          options.server.deadline_work ? config.get_int("server.round_deadline_ms") : 0,
+      .population = fleet->prepare()};
   for (std::uint32_t i = 0; i < shards; ++i) {
     threads.emplace_back([&, i] {
       try {
@@ -113,18 +121,17 @@ Summary run_in_process(const Config& config, const Registries& registries,
   Summary summary;
   std::exception_ptr fleet_error;
   {
-    std::optional<Fleet> fleet;
     try {
-      fleet.emplace(
-          options, ctx, urls, stop, [&] { return failed.load(); }, rules, std::move(memory));
       summary = fleet->run();
+      summary.setup_seconds += planning_s;  // the memory plan, before the fleet existed
       if (!stop.load()) fleet->drain_until(all_finished);
     } catch (...) {
       fleet_error = std::current_exception();
     }
     stop_shards = true;
     for (auto& t : threads) t.join();
-  }  // the fleet's sockets close before the context
+    fleet.reset();  // the fleet's sockets close before the context
+  }
   for (auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }

@@ -48,7 +48,7 @@ void check_client_side(const Config& config) {
         "cohort-sim gives each virtual client its own memory: set profile.memory (bytes, or a "
         "distribution) instead of train.memory_budget");
   }
-  (void)parse_partition_spec(config.get_string("data.partition"));
+  (void)parse_partition_spec(config.get_string("data.partition"), true);
   if (config.get_int("data.seed") < 0) throw ConfigError("data.seed must be >= 0");
   if (config.get_int("sim.clients") < 1) throw ConfigError("sim.clients must be at least 1");
   const auto threads = config.get_int("sim.threads");
@@ -127,7 +127,12 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
     }
   }
   o.data.partition_text = config.get_string("data.partition");
-  o.data.partition = parse_partition_spec(o.data.partition_text);
+  o.data.partition = parse_partition_spec(o.data.partition_text, true);
+  if (runner == Runner::kProcesses && o.data.partition.kind == client::PartitionKind::kSample) {
+    throw ConfigError("data.partition = " + o.data.partition_text +
+                      " is the in-process fleet's (clients share examples); --processes runs "
+                      "real cohort-client processes, which each train on a part of their own");
+  }
   o.data.seed = static_cast<std::uint64_t>(config.get_int("data.seed"));
   o.profile.trace = config.get_string("sim.profile_trace");
   o.report.metrics_file = config.get_string("sim.metrics_file");
@@ -173,7 +178,10 @@ ConfigSchema sim_config_schema() {
                    "server optimizer: name = " + builtin_registries().server_optimizers.names() +
                        ", and its options (lr: each one's own default)")
       .add("data.dir", std::string(kFashionMnistDir), "folder with the Fashion-MNIST IDX files")
-      .add("data.partition", std::string("iid"), "iid | dirichlet:ALPHA | shards:S | quantity:BETA")
+      .add("data.partition", std::string("iid"),
+           "iid | dirichlet:ALPHA | shards:S | quantity:BETA | sample:M (each client draws M "
+           "examples of the whole set, so clients share examples and may outnumber them; "
+           "in-process only)")
       .add("data.seed", std::int64_t{1}, "seed of the partition and of local shuffles")
       .add("sim.clients", std::int64_t{100}, "N: virtual clients, all registered before round 1")
       .add("sim.threads", std::int64_t{0}, "local-training threads (0: one per core)")

@@ -412,8 +412,9 @@ TEST_CASE("a fleet in which no client's memory can train the model is refused in
   }
 }
 
-// A coordinator and shard in one ROUTER, scripted: it welcomes two virtual clients, asks client
-// 0 for 3 local steps and client 1 for 11 (as server.work = "deadline" would), serves the pulls,
+// A coordinator and shard in one ROUTER, scripted: it welcomes the population's knocker as a
+// population coordinator does (both virtual clients registered), asks client 0 for 3 local steps
+// and client 1 for 11 (as server.work = "deadline" would), serves the pulls,
 // acknowledges the pushes and keeps what the fleet sent.
 struct ScriptedCoordinator {
   std::uint64_t params = 0;
@@ -444,7 +445,9 @@ struct ScriptedCoordinator {
         router.send(m->peer, std::move(reply));
         peers.push_back(m->peer);
         names.push_back(m->sender);
-        if (names.size() < 2) continue;
+        REQUIRE(m->sender == "c00000");  // one Register stands for the population
+        peers.push_back(transport::multiplexed_peer(m->peer, "c00001"));
+        names.push_back("c00001");
         for (std::size_t i = 0; i < 2; ++i) {
           transport::Envelope rs;
           rs.round = 1;
@@ -501,6 +504,7 @@ TEST_CASE("a virtual client trains the steps its RoundStart asks for and reports
       const auto rules = client::builtin_local_training();
       Fleet fleet(
           options, ctx, {url}, stop, [] { return false; }, rules);
+      (void)fleet.prepare();
       summary = fleet.run();
     } catch (...) {
       error = std::current_exception();
@@ -615,6 +619,37 @@ TEST_CASE("server.selection = speed_aware: over-selects new clients, then less; 
   MESSAGE("selected per round: " << rounds[0]["selected"] << " first, " << fewest
                                  << " fewest; participation_min "
                                  << summaries[0]["participation_min"]);
+}
+
+TEST_CASE("100,000 registered clients on 60,000 images: sample:60, registered at once") {
+  test::TempDir dir;
+  const Config config = make_config(
+      dir, {"sim.clients=100000", "data.partition=sample:60", "server.clients_per_round=10",
+            "server.rounds=3", "server.eval_every=3", "train.batch_size=20", "train.epochs=5",
+            "train.lr=0.1"});
+  const Summary s = run(config);
+  CHECK(s.committed == 3);
+  REQUIRE(s.selections.size() == 100000);
+  std::uint64_t selected = 0, distinct = 0;
+  for (auto n : s.selections) {
+    selected += n;
+    distinct += n > 0 ? 1 : 0;
+  }
+  CHECK(selected == 30);
+  CHECK(distinct >= 29);  // 30 draws from 100,000
+  CHECK(s.final_accuracy > 0.4);
+  CHECK(s.setup_seconds > 0);
+  const auto clients = records(dir.path() / "server.jsonl", "client");
+  REQUIRE(clients.size() == 30);
+  CHECK(clients[0]["client"].get<std::string>().size() == 6);  // "c" and five digits
+  MESSAGE("set-up " << s.setup_seconds << " s, accuracy " << s.final_accuracy);
+  // iid cannot give 100,000 clients a part of 60,000 images: it says what can.
+  const Config iid = make_config(dir, {"sim.clients=100000", "server.rounds=1"});
+  CHECK_THROWS_WITH_AS((void)run(iid), doctest::Contains("data.partition = sample:M"), ConfigError);
+  // --processes starts real clients, which cannot share examples.
+  const Config processes = make_config(dir, {"sim.clients=3", "data.partition=sample:60"});
+  CHECK_THROWS_WITH_AS((void)sim_options_from(processes, Runner::kProcesses),
+                       doctest::Contains("--processes"), ConfigError);
 }
 
 TEST_CASE("server.selection other than uniform is refused with DP noise (the accountant's q)") {

@@ -336,6 +336,10 @@ std::pair<PeerHandle, NodeId> split_handle(const PeerHandle& handle) {
 }
 }  // namespace
 
+PeerHandle multiplexed_peer(const PeerHandle& handle, const NodeId& sender) {
+  return join_handle(split_handle(handle).first, sender);
+}
+
 std::optional<std::uint64_t> Endpoint::send(const PeerHandle& peer, Envelope envelope,
                                             Payload payload) {
   if (impl_->is_router && impl_->options.multiplex) {

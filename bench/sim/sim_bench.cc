@@ -15,6 +15,11 @@
 //   sim_10k       examples/sim/sim_10k.toml as it is (100 updates per round from 120 selected)
 //   overhead_100  examples/sim/overhead_100.toml (100 clients per round, 60 images, E = 5)
 // --config FILE runs a file instead (repeatable); --set key=value applies to every run.
+// --population 10000,100000,1000000 runs overhead_100 at each registered count instead, with
+// data.partition = sample:60 (every client 60 images at any count: the same work per round), and
+// ends with one line comparing each count with the first:
+//   {"bench":"sim_population","clients":[...],"sec_per_round_vs_first":[...],
+//    "rss_bytes_per_client_over_first":[...],"setup_s":[...],"overhead":[...]}
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,12 +53,11 @@ struct Run {
 
 std::atomic<bool> g_stop{false};
 
-// Runs one configuration in this process and prints its JSON line. Returns the exit code.
-// The coordinator's per-round lines go to stdout; here they go to stderr, and stdout carries
-// the JSON line only.
-int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t rounds) {
-  const int json_fd = dup(STDOUT_FILENO);
-  if (json_fd < 0 || dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
+// Runs one configuration in this process and writes its JSON line to `json_fd`. Returns the exit
+// code. The coordinator's per-round lines go to stdout; here they go to stderr.
+int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t rounds,
+            int json_fd) {
+  if (dup2(STDERR_FILENO, STDOUT_FILENO) < 0) {
     throw cohort::InternalError("cannot redirect stdout");
   }
   const cohort::ConfigSchema schema = sim::sim_config_schema();
@@ -86,6 +90,7 @@ int run_one(const Run& run, const std::vector<std::string>& common, std::int64_t
       {"threads", s.threads},
       {"sec_per_round", s.round_wall_seconds / rounds_run},
       {"wall_s", s.wall_seconds},
+      {"setup_s", s.setup_seconds},
       {"peak_rss_mb", static_cast<double>(ru.ru_maxrss) / 1024.0},
       {"train_cpu_s_per_round", s.train_cpu_seconds / rounds_run},
       {"eval_cpu_s", s.eval_cpu_seconds},
@@ -124,6 +129,12 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--quick", quick,
                "smoke run: overhead_100 with 100 clients, 10 per round, 3 rounds");
+  std::vector<std::int64_t> population;
+  app.add_option("--population", population,
+                 "registered counts (e.g. 10000,100000,1000000): overhead_100 at each, with "
+                 "data.partition = sample:60, then a line comparing each with the first")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -131,6 +142,14 @@ int main(int argc, char** argv) {
     cohort::set_log_level(cohort::parse_log_level(log_level));
     std::vector<Run> runs;
     for (const auto& c : configs) runs.push_back({fs::path(c).stem().string(), c, {}});
+    if (!population.empty() && (!runs.empty() || quick)) {
+      throw cohort::ConfigError("--population runs overhead_100 alone: not with --config/--quick");
+    }
+    for (const auto n : population) {
+      runs.push_back({"population_" + std::to_string(n),
+                      fs::path(examples) / "overhead_100.toml",
+                      {"sim.clients=" + std::to_string(n), "data.partition=sample:60"}});
+    }
     if (runs.empty() && quick) {
       runs.push_back({"quick",
                       fs::path(examples) / "overhead_100.toml",
@@ -149,27 +168,64 @@ int main(int argc, char** argv) {
       if (!fs::exists(r.file)) throw cohort::ConfigError("no configuration " + r.file.string());
     }
     int failures = 0;
+    std::vector<nlohmann::json> lines;
     for (const auto& r : runs) {
       std::fflush(stdout);
+      int fds[2];
+      if (pipe(fds) != 0) throw cohort::InternalError("pipe failed");
       const pid_t pid = fork();
       if (pid < 0) throw cohort::InternalError("fork failed");
       if (pid == 0) {
+        close(fds[0]);
         int rc = 1;
         try {
-          rc = run_one(r, sets, rounds);
+          rc = run_one(r, sets, rounds, fds[1]);
         } catch (const std::exception& e) {
           std::fprintf(stderr, "cohort-bench-sim: %s: %s\n", r.name.c_str(), e.what());
         }
         std::fflush(stdout);
         _exit(rc);
       }
+      close(fds[1]);
+      std::string line;
+      char buf[4096];
+      for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) != 0;) {
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) break;
+        line.append(buf, static_cast<std::size_t>(got));
+      }
+      close(fds[0]);
       int status = 0;
       while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || line.empty()) {
         std::fprintf(stderr, "cohort-bench-sim: run %s failed\n", r.name.c_str());
         ++failures;
+        continue;
       }
+      std::fputs(line.c_str(), stdout);
+      std::fflush(stdout);
+      lines.push_back(nlohmann::json::parse(line));
+    }
+    if (!population.empty() && failures == 0 && !lines.empty()) {
+      const auto& first = lines.front();
+      nlohmann::json out{{"bench", "sim_population"}};
+      for (const auto& j : lines) {
+        const double extra_clients = j["clients"].get<double>() - first["clients"].get<double>();
+        out["clients"].push_back(j["clients"]);
+        out["sec_per_round"].push_back(j["sec_per_round"]);
+        out["sec_per_round_vs_first"].push_back(j["sec_per_round"].get<double>() /
+                                                first["sec_per_round"].get<double>());
+        out["peak_rss_mb"].push_back(j["peak_rss_mb"]);
+        out["rss_bytes_per_client_over_first"].push_back(
+            extra_clients > 0
+                ? (j["peak_rss_mb"].get<double>() - first["peak_rss_mb"].get<double>()) *
+                      1048576.0 / extra_clients
+                : 0.0);
+        out["setup_s"].push_back(j["setup_s"]);
+        out["overhead"].push_back(j["overhead"]);
+      }
+      std::printf("%s\n", out.dump().c_str());
     }
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -13,9 +13,11 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
+#include "cohort/server/population.h"
 
 namespace cohort::transport {
 class Context;
@@ -43,6 +45,9 @@ struct InProcessOverrides {
   // one, on the virtual clock its clients report in) while rounds close at
   // server.round_deadline_ms of host time (sim.wall_deadline_ms).
   std::int64_t plan_deadline_ms = 0;
+  // Set: shard 0's coordinator takes this population's first Register as the registration of
+  // every present member (population.h), and refuses any other client.
+  std::shared_ptr<const VirtualPopulation> population;
 };
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx, const InProcessOverrides& overrides);

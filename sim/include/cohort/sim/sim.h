@@ -35,6 +35,8 @@ struct Summary {
                                      // compute itself, without time a thread was preempted
   double eval_cpu_seconds = 0.0;     // CPU time of test-set evaluations (summed over threads)
   double round_wall_seconds = 0.0;   // host time from the first round's start to the last's end
+  double setup_seconds = 0.0;        // host time from the start (data, rows, memory plan,
+                                     // shards, registration) to the first round's start
   std::size_t threads = 0;           // local-training threads
   // Clients whose memory budget (profile.memory) cannot train the model even in micro-batches
   // of one sample: they never registered, so they were never selected.

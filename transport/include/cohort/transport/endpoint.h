@@ -104,6 +104,11 @@ struct EndpointOptions {
 // A ROUTER's opaque handle for one connected peer (its ZeroMQ routing id). Empty on a DEALER.
 using PeerHandle = std::string;
 
+// On a multiplexed ROUTER (EndpointOptions::multiplex): the handle of virtual node `sender` on the
+// connection that `handle` (another virtual node's handle) came from. cohort-sim's coordinator
+// addresses the members of its population through it without a message from each.
+PeerHandle multiplexed_peer(const PeerHandle& handle, const NodeId& sender);
+
 // A payload to send: bytes plus, optionally, an owner that keeps them alive until ZeroMQ is done,
 // which lets plaintext sends skip the copy. Without an owner the bytes are copied or sealed into
 // pooled chunks before send() returns, so the caller may reuse them at once.
