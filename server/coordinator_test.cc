@@ -55,18 +55,10 @@ struct Fixture {
   // the measurements of `measured` (its samples/s, local steps and link samples).
   void train(const NodeId& id, std::uint64_t round, const transport::ClientReport& measured = {}) {
     std::vector<float> update(shard.size(), 0.5f);
-    deliver(testing::push_all(id,
-                              transport::Push{.shard = 0,
-                                              .begin = shard.begin(),
-                                              .end = shard.end(),
-                                              .num_samples = 10,
-                                              .elements = shard.size()},
-                              round, ++seq, update));
-    transport::ClientReport r = measured;
-    r.round = round;
-    r.trained = true;
-    r.num_samples = 10;
-    deliver(testing::message(id, std::move(r), round, ++seq));
+    auto [push, report] =
+        testing::trained_round(id, round, seq, shard.begin(), shard.end(), update, measured);
+    deliver(std::move(push));
+    deliver(std::move(report));
   }
   // RoundStarts sent to client `id`.
   std::vector<RoundStart> starts(const NodeId& id) const {

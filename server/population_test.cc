@@ -61,15 +61,11 @@ struct Federation {
   }
   void train(const NodeId& id, std::uint64_t round) {
     std::vector<float> update(shard.size(), 0.5f);
-    deliver(testing::push_all(id,
-                              transport::Push{.shard = 0,
-                                              .begin = shard.begin(),
-                                              .end = shard.end(),
-                                              .num_samples = 10,
-                                              .elements = shard.size()},
-                              round, ++seq, update));
-    deliver(from(id, transport::ClientReport{.round = round, .trained = true, .num_samples = 10},
-                 round, ++seq));
+    auto [push, report] =
+        testing::trained_round(id, round, seq, shard.begin(), shard.end(), update);
+    deliver(std::move(push));
+    report.peer = from(id, transport::Heartbeat{}).peer;
+    deliver(std::move(report));
   }
   // Who each RoundStart sent since `from_index` went to, and whether it asked for an evaluation.
   std::vector<std::pair<std::string, bool>> starts_since(std::size_t from_index) const {
@@ -107,8 +103,8 @@ void check_same_rounds(const std::vector<std::string>& overrides, std::uint32_t 
   // Members whose connections are gone: their first RoundStart fails, in both, and they leave
   // the pool.
   for (std::uint32_t i = 5; i < count; i += 10) {
-    const auto gone = transport::multiplexed_peer(std::string("x") + '\0' + kRouting,
-                                                  members->name(i));
+    const auto gone =
+        transport::multiplexed_peer(std::string("x") + '\0' + kRouting, members->name(i));
     bulk.out.gone.insert(gone);
     each.out.gone.insert(gone);
   }
@@ -117,7 +113,7 @@ void check_same_rounds(const std::vector<std::string>& overrides, std::uint32_t 
   for (std::uint32_t i = 0; i < count; ++i) {
     if (members->present(i)) each.register_client(members->name(i));
   }
-  REQUIRE(bulk.out.count<RoundStart>() == 0);  // no tick yet
+  REQUIRE(bulk.out.count<RoundStart>() == 0);        // no tick yet
   CHECK(bulk.out.count<transport::Welcome>() == 1);  // the knocker's, only
   CHECK(each.out.count<transport::Welcome>() == present);
   std::size_t seen_bulk = bulk.out.sent.size(), seen_each = each.out.sent.size();
@@ -189,7 +185,7 @@ TEST_CASE("population: weighted selection, a stranger refused, a member that lea
   CHECK(f.out.count<transport::ErrorBody>() == 2);
   f.coordinator->tick();
   CHECK(f.out.count<RoundStart>() == 0);  // nobody registered yet
-  f.register_client(members->name(1));  // 42 present members
+  f.register_client(members->name(1));    // 42 present members
   // c00000 leaves: it is never selected, until it registers again.
   f.deliver(from(members->name(0), transport::Bye{"leaving"}));
   std::size_t seen = f.out.sent.size();

@@ -5,7 +5,9 @@
 
 #include <cstring>
 #include <set>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cohort/aggregation/registries.h"
@@ -116,6 +118,24 @@ inline transport::Message push_all(const NodeId& sender, const transport::Push& 
                                    std::uint64_t round, std::uint64_t seq,
                                    std::span<float> values) {
   return push_chunk(sender, push, round, seq, values, 0, values.size(), true);
+}
+
+// What client `id` sends for a trained round: a whole dense push of `update` (kept alive by the
+// caller) for [begin, end) of shard 0, then its report of `round` as trained with 10 samples and
+// the measurements of `measured`.
+inline std::pair<transport::Message, transport::Message> trained_round(
+    const NodeId& id, std::uint64_t round, std::uint64_t& seq, std::uint64_t begin,
+    std::uint64_t end, std::span<float> update, transport::ClientReport measured = {}) {
+  auto push = push_all(
+      id,
+      transport::Push{
+          .shard = 0, .begin = begin, .end = end, .num_samples = 10, .elements = update.size()},
+      round, ++seq, update);
+  measured.round = round;
+  measured.trained = true;
+  measured.num_samples = 10;
+  auto report = message(id, std::move(measured), round, ++seq);
+  return {std::move(push), std::move(report)};
 }
 
 }  // namespace cohort::server::testing
