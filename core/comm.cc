@@ -115,16 +115,23 @@ class InMemoryNetwork::Endpoint final : public Comm {
   Rank size() const override { return net_.size(); }
 
   void send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes) override {
-    if (to >= net_.size()) {
-      throw TransportError("rank " + std::to_string(rank_) + " sent to unknown rank " +
-                           std::to_string(to) + " (group of " + std::to_string(net_.size()) + ")");
-    }
-    COHORT_CHECK(to != rank_) << "a rank may not send to itself";
-    if (!alive.load() || !net_.comms_[to]->alive.load()) return;
+    if (!check_destination(to)) return;
     PooledBuffer copy = net_.buffers_->acquire(bytes.size());
     if (!bytes.empty()) std::memcpy(copy.data(), bytes.data(), bytes.size());
     sent_ += bytes.size();
     net_.comms_[to]->mailbox.put(rank_, tag, std::move(copy));
+  }
+
+  void send_shared(Rank to, std::uint64_t tag, std::span<const std::byte> bytes,
+                   std::shared_ptr<const void> owner) override {
+    if (!check_destination(to)) return;
+    // The receiver reads the sender's bytes; the owner lives until it drops them.
+    auto* held = new std::shared_ptr<const void>(std::move(owner));
+    PooledBuffer lent = PooledBuffer::wrap(
+        const_cast<std::byte*>(bytes.data()), bytes.size(),
+        [](void* h) noexcept { delete static_cast<std::shared_ptr<const void>*>(h); }, held);
+    sent_ += bytes.size();
+    net_.comms_[to]->mailbox.put(rank_, tag, std::move(lent));
   }
 
   std::optional<PooledBuffer> recv(Rank from, std::uint64_t tag,
@@ -142,6 +149,16 @@ class InMemoryNetwork::Endpoint final : public Comm {
   std::atomic<bool> alive{true};
 
  private:
+  // False when the message is to be dropped (a killed rank on either side).
+  bool check_destination(Rank to) const {
+    if (to >= net_.size()) {
+      throw TransportError("rank " + std::to_string(rank_) + " sent to unknown rank " +
+                           std::to_string(to) + " (group of " + std::to_string(net_.size()) + ")");
+    }
+    COHORT_CHECK(to != rank_) << "a rank may not send to itself";
+    return alive.load() && net_.comms_[to]->alive.load();
+  }
+
   InMemoryNetwork& net_;
   Rank rank_;
   std::uint64_t sent_ = 0;

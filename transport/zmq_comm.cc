@@ -164,6 +164,11 @@ Rank ZmqComm::rank() const { return impl_->rank; }
 Rank ZmqComm::size() const { return impl_->size; }
 
 void ZmqComm::send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes) {
+  send_shared(to, tag, bytes, nullptr);
+}
+
+void ZmqComm::send_shared(Rank to, std::uint64_t tag, std::span<const std::byte> bytes,
+                          std::shared_ptr<const void> owner) {
   COHORT_CHECK(to != impl_->rank) << "a rank may not send to itself";
   Endpoint& ep = impl_->dealer(to);
   try {
@@ -175,7 +180,7 @@ void ZmqComm::send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes)
     impl_->was_ready.insert(to);
     Envelope env;
     env.body = GossipExchange{tag, impl_->rank, 0.0, Encoding::kDenseF32, bytes.size() / 4};
-    (void)ep.send({}, std::move(env), Payload{bytes, nullptr});
+    (void)ep.send({}, std::move(env), Payload{bytes, std::move(owner)});
     impl_->sent += bytes.size();
   } catch (const TransportError& e) {
     if (impl_->dropped++ % 100 == 0) {

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <bit>
-#include <optional>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cohort/core/error.h"
 
@@ -14,6 +19,7 @@ std::string_view allreduce_algo_name(AllreduceAlgo algo) {
     case AllreduceAlgo::kAuto: return "auto";
     case AllreduceAlgo::kRing: return "ring";
     case AllreduceAlgo::kRecursiveDoubling: return "recursive_doubling";
+    case AllreduceAlgo::kHalvingDoubling: return "halving_doubling";
   }
   return "?";
 }
@@ -22,8 +28,9 @@ AllreduceAlgo parse_allreduce_algo(std::string_view name) {
   if (name == "auto") return AllreduceAlgo::kAuto;
   if (name == "ring") return AllreduceAlgo::kRing;
   if (name == "recursive_doubling" || name == "tree") return AllreduceAlgo::kRecursiveDoubling;
+  if (name == "halving_doubling") return AllreduceAlgo::kHalvingDoubling;
   throw ConfigError("unknown allreduce algorithm '" + std::string(name) +
-                    "' (known: auto, ring, recursive_doubling)");
+                    "' (known: auto, ring, halving_doubling, recursive_doubling)");
 }
 
 AllReducer::AllReducer(Comm& comm, AllreduceOptions options) : comm_(comm), options_(options) {
@@ -34,18 +41,21 @@ AllReducer::AllReducer(Comm& comm, AllreduceOptions options) : comm_(comm), opti
 
 AllreduceAlgo AllReducer::choose(std::size_t bytes) const {
   if (options_.algo != AllreduceAlgo::kAuto) return options_.algo;
-  return bytes < options_.small_bytes ? AllreduceAlgo::kRecursiveDoubling : AllreduceAlgo::kRing;
+  if (bytes < options_.small_bytes) return AllreduceAlgo::kRecursiveDoubling;
+  if (comm_.size() > 2 && bytes < options_.ring_bytes) return AllreduceAlgo::kHalvingDoubling;
+  return AllreduceAlgo::kRing;
 }
 
 AllreduceAlgo AllReducer::sum(std::span<float> data) {
   const AllreduceAlgo algo = choose(data.size_bytes());
-  // Four tags per operation (ring uses one, recursive doubling three phases).
+  // Four tags per operation (the ring uses one, the doubling algorithms three phases).
   const std::uint64_t tag = options_.tag_base + 4 * op_++;
   if (comm_.size() == 1) return algo;
-  if (algo == AllreduceAlgo::kRing) {
-    ring(data, tag);
-  } else {
-    recursive_doubling(data, tag);
+  switch (algo) {
+    case AllreduceAlgo::kRing: ring(data, tag); break;
+    case AllreduceAlgo::kHalvingDoubling: halving_doubling(data, tag); break;
+    case AllreduceAlgo::kAuto:
+    case AllreduceAlgo::kRecursiveDoubling: recursive_doubling(data, tag); break;
   }
   return algo;
 }
@@ -64,6 +74,67 @@ namespace {
                      std::to_string(timeout.count()) + " ms (did it crash?)");
 }
 
+// Counts the sends without a copy that the transport still holds, per region of the vector: a
+// region is written again only once its count is back to zero. The counts drop on whichever
+// thread releases the owner (ZeroMQ's I/O thread, or a receiver in InMemoryNetwork).
+class SendLedger {
+ public:
+  explicit SendLedger(std::size_t regions) : state_(std::make_shared<State>(regions)) {}
+  SendLedger(const SendLedger&) = delete;
+  SendLedger& operator=(const SendLedger&) = delete;
+  // Every sum() waits for its sends, so none outlives the call (the caller owns the vector).
+  ~SendLedger() = default;
+
+  // Sends `values` to `to` without a copy, counted against `region`.
+  void send(Comm& comm, Rank to, std::uint64_t tag, std::span<const float> values,
+            std::size_t region) {
+    {
+      std::lock_guard lock(state_->mu);
+      ++state_->held[region];
+    }
+    // Not null: transports take a null owner for none (and copy).
+    std::shared_ptr<const void> owner(state_.get(), [s = state_, region](const void*) {
+      {
+        std::lock_guard lock(s->mu);
+        --s->held[region];
+      }
+      s->cv.notify_all();
+    });
+    comm.send_shared(to, tag, std::as_bytes(values), std::move(owner));
+  }
+  // Waits until the transport released every send of `region` (all regions: npos).
+  void wait(std::size_t region, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(state_->mu);
+    const bool done = state_->cv.wait_for(lock, timeout, [&] {
+      if (region != kAll) return state_->held[region] == 0;
+      return std::all_of(state_->held.begin(), state_->held.end(),
+                         [](std::size_t h) { return h == 0; });
+    });
+    if (!done) {
+      throw TimeoutError("allreduce: the transport still held a send after " +
+                         std::to_string(timeout.count()) + " ms");
+    }
+  }
+  static constexpr std::size_t kAll = static_cast<std::size_t>(-1);
+
+ private:
+  struct State {
+    explicit State(std::size_t regions) : held(regions, 0) {}
+    std::mutex mu;  // guards held
+    std::condition_variable cv;
+    std::vector<std::size_t> held;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// Calls f(part) for each segment of `range`, in order: at most `seg` elements each.
+template <typename F>
+void for_segments(std::span<float> range, std::size_t seg, F&& f) {
+  for (std::size_t off = 0; off < range.size(); off += seg) {
+    f(range.subspan(off, std::min(seg, range.size() - off)));
+  }
+}
+
 }  // namespace
 
 void AllReducer::ring(std::span<float> data, std::uint64_t tag) {
@@ -80,28 +151,26 @@ void AllReducer::ring(std::span<float> data, std::uint64_t tag) {
     c %= n;
     return data.subspan(begin(c), begin(c + 1) - begin(c));
   };
-  auto send_chunk = [&](std::span<float> ch) {
-    for (std::size_t off = 0; off < ch.size(); off += seg) {
-      send_floats(comm_, next, tag, ch.subspan(off, std::min(seg, ch.size() - off)));
-    }
-  };
+  SendLedger sends(n);  // one region per chunk
   // Step s (0 .. 2n-3) receives chunk (r - s - 1) mod n in reduce-scatter (s < n-1) and chunk
   // (r - (s - (n-1))) mod n in all-gather, and forwards each segment as the next step's send.
-  send_chunk(chunk(r));
+  // A chunk is sent in reduce-scatter before all-gather overwrites it: that waits for the sends.
+  for_segments(chunk(r), seg,
+               [&](std::span<float> part) { sends.send(comm_, next, tag, part, r); });
   const std::size_t steps = 2 * (std::size_t{n} - 1);
   for (std::size_t s = 0; s < steps; ++s) {
     const bool reduce = s < n - 1;
     const std::size_t c = reduce ? (r + 2 * std::size_t{n} - s - 1) % n
                                  : (r + 2 * std::size_t{n} - (s - (n - 1))) % n;
-    std::span<float> ch = chunk(c);
-    for (std::size_t off = 0; off < ch.size(); off += seg) {
-      auto part = ch.subspan(off, std::min(seg, ch.size() - off));
+    if (!reduce) sends.wait(c, options_.timeout);
+    for_segments(chunk(c), seg, [&](std::span<float> part) {
       const bool ok = reduce ? recv_add_floats(comm_, prev, tag, part, options_.timeout)
                              : recv_floats(comm_, prev, tag, part, options_.timeout);
       if (!ok) silent_peer(prev, options_.timeout);
-      if (s + 1 < steps) send_floats(comm_, next, tag, part);
-    }
+      if (s + 1 < steps) sends.send(comm_, next, tag, part, c);
+    });
   }
+  sends.wait(SendLedger::kAll, options_.timeout);
 }
 
 void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
@@ -110,38 +179,119 @@ void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
   const Rank p = std::bit_floor(n);  // largest power of two <= n
   const Rank rem = n - p;
   const auto timeout = options_.timeout;
+  const std::size_t seg = std::max<std::size_t>(1, options_.segment_bytes / sizeof(float));
   // Fold: among the first 2*rem ranks, each even rank hands its vector to the odd one above it
   // and sits out; the remaining p ranks run the doubling with ranks renumbered 0..p-1.
   Rank vrank = 0;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      send_floats(comm_, r + 1, tag, data);
-      if (!recv_floats(comm_, r + 1, tag + 2, data, timeout)) silent_peer(r + 1, timeout);
+      for_segments(data, seg, [&](std::span<float> part) { send_floats(comm_, r + 1, tag, part); });
+      for_segments(data, seg, [&](std::span<float> part) {
+        if (!recv_floats(comm_, r + 1, tag + 2, part, timeout)) silent_peer(r + 1, timeout);
+      });
       return;
     }
-    if (!recv_add_floats(comm_, r - 1, tag, data, timeout)) silent_peer(r - 1, timeout);
+    for_segments(data, seg, [&](std::span<float> part) {
+      if (!recv_add_floats(comm_, r - 1, tag, part, timeout)) silent_peer(r - 1, timeout);
+    });
     vrank = r / 2;
   } else {
     vrank = r - rem;
   }
   auto real = [&](Rank v) { return v < rem ? 2 * v + 1 : v + rem; };
   // Both partners add the same two vectors and float addition commutes, so every rank holds a
-  // bit-identical result even for non-integer data.
-  std::optional<PooledBuffer> got;
+  // bit-identical result even for non-integer data. The exchange is segmented, a few segments
+  // ahead of what has arrived, so neither side queues a whole vector in the transport: segment
+  // k is sent (copied) before the partner's segment k is added into it.
+  constexpr std::size_t kAhead = 4;
+  const std::size_t segments = (data.size() + seg - 1) / seg;
+  auto segment = [&](std::size_t k) {
+    return data.subspan(k * seg, std::min(seg, data.size() - k * seg));
+  };
   for (Rank mask = 1; mask < p; mask <<= 1) {
     const Rank partner = real(vrank ^ mask);
-    send_floats(comm_, partner, tag + 1, data);
-    got = comm_.recv(partner, tag + 1, timeout);
-    if (!got) silent_peer(partner, timeout);
-    if (got->size() != data.size_bytes()) {
-      throw ProtocolError("allreduce: rank " + std::to_string(partner) + " sent " +
-                          std::to_string(got->size()) + " bytes, expected " +
-                          std::to_string(data.size_bytes()));
+    std::size_t sent = 0;
+    for (std::size_t got = 0; got < segments; ++got) {
+      for (; sent < segments && sent < got + kAhead; ++sent) {
+        send_floats(comm_, partner, tag + 1, segment(sent));
+      }
+      if (!recv_add_floats(comm_, partner, tag + 1, segment(got), timeout)) {
+        silent_peer(partner, timeout);
+      }
     }
-    const auto* in = reinterpret_cast<const float*>(got->data());
-    for (std::size_t i = 0; i < data.size(); ++i) data[i] += in[i];
   }
-  if (r < 2 * rem) send_floats(comm_, r - 1, tag + 2, data);  // unfold
+  if (r < 2 * rem) {  // unfold
+    for_segments(data, seg,
+                 [&](std::span<float> part) { send_floats(comm_, r - 1, tag + 2, part); });
+  }
+}
+
+void AllReducer::halving_doubling(std::span<float> data, std::uint64_t tag) {
+  const Rank n = comm_.size();
+  const Rank r = comm_.rank();
+  const Rank p = std::bit_floor(n);
+  const Rank rem = n - p;
+  const auto timeout = options_.timeout;
+  const std::size_t seg = std::max<std::size_t>(1, options_.segment_bytes / sizeof(float));
+  const auto levels = static_cast<std::size_t>(std::countr_zero(p));
+  // Regions: 0 the fold's send, 1 + k what level k of the reduce-scatter gave away, then the
+  // all-gather's and the unfold's sends (read only from then on; waited for at the end).
+  SendLedger sends(levels + 2);
+  const std::size_t fold = 0, late = levels + 1;
+  auto send_all = [&](Rank to, std::uint64_t t, std::span<float> range, std::size_t region) {
+    for_segments(range, seg,
+                 [&](std::span<float> part) { sends.send(comm_, to, t, part, region); });
+  };
+  auto receive_all = [&](Rank from, std::uint64_t t, std::span<float> range, bool add) {
+    for_segments(range, seg, [&](std::span<float> part) {
+      const bool ok = add ? recv_add_floats(comm_, from, t, part, timeout)
+                          : recv_floats(comm_, from, t, part, timeout);
+      if (!ok) silent_peer(from, timeout);
+    });
+  };
+  // The fold, as in recursive doubling.
+  Rank vrank = 0;
+  if (r < 2 * rem) {
+    if (r % 2 == 0) {
+      send_all(r + 1, tag, data, fold);
+      sends.wait(fold, timeout);
+      receive_all(r + 1, tag + 2, data, false);
+      return;
+    }
+    receive_all(r - 1, tag, data, true);
+    vrank = r / 2;
+  } else {
+    vrank = r - rem;
+  }
+  auto real = [&](Rank v) { return v < rem ? 2 * v + 1 : v + rem; };
+  // Reduce-scatter by recursive halving: at level k (mask p/2, p/4, .., 1) the partners hold
+  // the same range; the lower rank keeps its lower half. Partners split a range alike.
+  struct Level {
+    Rank partner;
+    std::size_t lo, mid, hi;
+    bool keep_low;
+  };
+  std::vector<Level> path;
+  std::size_t lo = 0, hi = data.size();
+  for (Rank mask = p / 2; mask >= 1; mask >>= 1) {
+    const Level l{real(vrank ^ mask), lo, lo + (hi - lo) / 2, hi, (vrank & mask) == 0};
+    const auto low = data.subspan(l.lo, l.mid - l.lo), high = data.subspan(l.mid, l.hi - l.mid);
+    send_all(l.partner, tag + 1, l.keep_low ? high : low, 1 + path.size());
+    receive_all(l.partner, tag + 1, l.keep_low ? low : high, true);
+    std::tie(lo, hi) = l.keep_low ? std::pair{l.lo, l.mid} : std::pair{l.mid, l.hi};
+    path.push_back(l);
+  }
+  // All-gather by recursive doubling, back up the path: send the reduced half, and receive the
+  // partner's into the half given away at that level, once the transport released those sends.
+  for (std::size_t k = path.size(); k-- > 0;) {
+    const Level& l = path[k];
+    const auto low = data.subspan(l.lo, l.mid - l.lo), high = data.subspan(l.mid, l.hi - l.mid);
+    send_all(l.partner, tag + 1, l.keep_low ? low : high, late);
+    sends.wait(1 + k, timeout);
+    receive_all(l.partner, tag + 1, l.keep_low ? high : low, false);
+  }
+  if (r < 2 * rem) send_all(r - 1, tag + 2, data, late);  // unfold
+  sends.wait(SendLedger::kAll, timeout);
 }
 
 double allreduce_bus_bandwidth_gbps(std::size_t bytes, double seconds, Rank n) {

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -95,11 +97,57 @@ TEST_CASE("recursive doubling (with the fold for n not a power of two) equals th
   }
 }
 
-TEST_CASE("auto picks recursive doubling for small vectors, the ring for large ones") {
+TEST_CASE("halving-doubling: exact sums for n = 2..9, every rank the same, 2(n-1)/n sent") {
+  for (Rank n = 2; n <= 9; ++n) {
+    for (std::size_t d : {std::size_t{1}, std::size_t{n - 1}, std::size_t{n + 1}, std::size_t{37},
+                          std::size_t{1000}, std::size_t{10007}}) {
+      CAPTURE(n);
+      CAPTURE(d);
+      AllreduceOptions opt;
+      opt.algo = AllreduceAlgo::kHalvingDoubling;
+      opt.segment_bytes = 64;  // many segments per level
+      opt.timeout = std::chrono::seconds(60);
+      std::vector<std::uint64_t> sent;
+      auto out = run(n, d, opt, &sent);
+      check_exact(out, n, d);
+      if ((n & (n - 1)) == 0) {  // a power of two: no fold, the optimal volume
+        for (Rank r = 0; r < n; ++r) CHECK(sent[r] <= 2 * d * sizeof(float) + 8 * n);
+      }
+    }
+  }
+}
+
+TEST_CASE("send_shared hands the receiver the sender's own bytes: early writes would show") {
+  // The in-memory network lends the bytes until the receiver drops them, so an algorithm that
+  // wrote a region before the transport let go of it would corrupt a peer's sum (the exactness
+  // tests above run every algorithm over it).
   InMemoryNetwork net(2);
-  AllReducer reducer(net.comm(0));
+  std::vector<float> mine(4, 1.0f);
+  bool released = false;
+  std::shared_ptr<const void> owner(&released, [&](const void*) { released = true; });
+  net.comm(0).send_shared(1, 7, std::as_bytes(std::span<const float>(mine)), std::move(owner));
+  CHECK_FALSE(released);
+  mine[2] = 5.0f;  // too early: the receiver sees it
+  {
+    auto got = net.comm(1).recv(0, 7, std::chrono::seconds(1));
+    REQUIRE(got);
+    CHECK(reinterpret_cast<const float*>(got->data())[2] == 5.0f);
+    CHECK_FALSE(released);
+  }
+  CHECK(released);  // dropped by the receiver
+}
+
+TEST_CASE("auto: recursive doubling when small, halving-doubling for mid sizes, the ring above") {
+  InMemoryNetwork two(2), four(4);
+  AllReducer reducer(two.comm(0));
   CHECK(reducer.choose(4096) == AllreduceAlgo::kRecursiveDoubling);
   CHECK(reducer.choose(std::size_t{1} << 20) == AllreduceAlgo::kRing);
+  AllReducer wide(four.comm(0));
+  CHECK(wide.choose(4096) == AllreduceAlgo::kRecursiveDoubling);
+  CHECK(wide.choose(std::size_t{1} << 20) == AllreduceAlgo::kHalvingDoubling);
+  CHECK(wide.choose(std::size_t{1} << 30) == AllreduceAlgo::kRing);
+  CHECK(parse_allreduce_algo("halving_doubling") == AllreduceAlgo::kHalvingDoubling);
+  CHECK(allreduce_algo_name(AllreduceAlgo::kHalvingDoubling) == "halving_doubling");
   CHECK(parse_allreduce_algo("tree") == AllreduceAlgo::kRecursiveDoubling);
   CHECK_THROWS_AS((void)parse_allreduce_algo("butterfly"), ConfigError);
   CHECK(allreduce_bus_bandwidth_gbps(1000000000, 1.0, 4) == doctest::Approx(1.5));
@@ -115,10 +163,11 @@ TEST_CASE("repeated calls on one reducer stay in step, mean divides by n") {
       threads.emplace_back([&, r] {
         AllreduceOptions opt;
         opt.segment_bytes = 4096;
+        opt.small_bytes = 1024;  // the 20 kB vector: halving-doubling (with the fold, n = 3)
         AllReducer reducer(net.comm(r), opt);
         for (int it = 0; it < 10; ++it) {
           std::vector<float> small(7, static_cast<float>(r));
-          reducer.sum(small);  // recursive doubling in between ring calls
+          reducer.sum(small);  // recursive doubling in between halving-doubling calls
           for (float& x : v[r]) x = static_cast<float>(3 * r) + small[0];
           reducer.mean(v[r]);
         }
@@ -137,6 +186,12 @@ TEST_CASE("a silent peer ends the allreduce with a TimeoutError") {
   AllReducer reducer(net.comm(0), opt);
   std::vector<float> v(100, 1.0f);
   CHECK_THROWS_AS(reducer.sum(v), TimeoutError);
+  for (const auto algo : {AllreduceAlgo::kRing, AllreduceAlgo::kHalvingDoubling}) {
+    CAPTURE(allreduce_algo_name(algo));
+    opt.algo = algo;
+    AllReducer other(net.comm(0), opt);
+    CHECK_THROWS_AS(other.sum(v), TimeoutError);
+  }
 }
 
 }  // namespace

@@ -158,7 +158,7 @@ int worker(const WorkerArgs& a) {
       for (std::size_t i = 0; i < v.size(); ++i) {
         v[i] = static_cast<float>((a.rank + 1) * (i % 1024));
       }
-      reducer.sum(v);  // warm-up and check
+      const agg::AllreduceAlgo picked = reducer.sum(v);  // warm-up and check
       const float factor = static_cast<float>(a.n) * (a.n + 1) / 2;
       for (std::size_t i = 0; i < v.size(); ++i) {
         if (v[i] != factor * static_cast<float>(i % 1024)) {
@@ -179,6 +179,7 @@ int worker(const WorkerArgs& a) {
         nlohmann::json j;
         j["bench"] = "allreduce";
         j["algo"] = algo_name;
+        j["picked"] = agg::allreduce_algo_name(picked);  // what "auto" ran
         j["n"] = a.n;
         j["bytes"] = bytes;
         j["mode"] = a.mode;
@@ -217,14 +218,30 @@ int launch(const std::vector<Rank>& ns, const std::vector<std::string>& modes,
       for (Rank r = 0; r < max_n; ++r) fs::remove(dir / ("url." + std::to_string(r)));
       std::vector<pid_t> pids;
       for (Rank r = 0; r < n; ++r) {
-        pids.push_back(
-            spawn(self_path(),
-                  {"--worker", "--rank", std::to_string(r), "--n", std::to_string(n), "--dir",
-                   dir.string(), "--mode", mode, "--sizes", sizes, "--algos", algos, "--segment",
-                   std::to_string(segment_bytes), "--seconds", std::to_string(target_seconds),
-                   "--max-iters", std::to_string(max_iters), "--sched", sched},
-                  (dir / ("out." + std::to_string(r))).string(),
-                  (dir / ("err." + std::to_string(r))).string()));
+        pids.push_back(spawn(self_path(),
+                             {"--worker",
+                              "--rank",
+                              std::to_string(r),
+                              "--n",
+                              std::to_string(n),
+                              "--dir",
+                              dir.string(),
+                              "--mode",
+                              mode,
+                              "--sizes",
+                              sizes,
+                              "--algos",
+                              algos,
+                              "--segment",
+                              std::to_string(segment_bytes),
+                              "--seconds",
+                              std::to_string(target_seconds),
+                              "--max-iters",
+                              std::to_string(max_iters),
+                              "--sched",
+                              sched},
+                             (dir / ("out." + std::to_string(r))).string(),
+                             (dir / ("err." + std::to_string(r))).string()));
       }
       // Bounded: a worker that hangs is killed, never waited on forever.
       const auto deadline = Clock::now() + std::chrono::seconds(600);
@@ -275,7 +292,8 @@ int main(int argc, char** argv) {
   WorkerArgs w;
   bool is_worker = false, quick = false;
   std::string ns = "2,4,8", modes = "plain,tls";
-  std::string sizes = "4096,1048576,16777216,67108864", algos = "ring,recursive_doubling";
+  std::string sizes = "4096,1048576,16777216,67108864",
+              algos = "auto,ring,halving_doubling,recursive_doubling";
   std::string sched = "batch";
   app.add_flag("--worker", is_worker, "internal: run one rank");
   app.add_option("--rank", w.rank, "internal: this worker's rank");
@@ -285,7 +303,9 @@ int main(int argc, char** argv) {
   app.add_option("--ns", ns, "comma-separated process counts");
   app.add_option("--modes", modes, "comma-separated: plain, tls (both: plain,tls)");
   app.add_option("--sizes", sizes, "comma-separated message sizes in bytes (multiples of 4)");
-  app.add_option("--algos", algos, "ring, recursive_doubling (tree), auto");
+  app.add_option("--algos", algos,
+                 "comma-separated: auto, ring, halving_doubling, recursive_doubling (tree)")
+      ->capture_default_str();
   app.add_option("--seconds", w.target_seconds, "rough time per measurement");
   app.add_option("--max-iters", w.max_iters, "most timed iterations per measurement");
   app.add_option("--segment", w.segment_bytes, "ring pipelining segment in bytes (0: default)");
@@ -319,8 +339,8 @@ int main(int argc, char** argv) {
         throw cohort::ConfigError("--modes: unknown mode '" + m + "' (plain, tls or both)");
       }
     }
-    return launch(nlist, mode_list, sizes, algos, w.target_seconds, w.max_iters,
-                  w.segment_bytes, sched);
+    return launch(nlist, mode_list, sizes, algos, w.target_seconds, w.max_iters, w.segment_bytes,
+                  sched);
   } catch (const std::exception& e) {
     std::cerr << "cohort-bench-allreduce: " << e.what() << '\n';
     return 1;

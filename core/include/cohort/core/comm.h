@@ -41,6 +41,15 @@ class Comm {
   // Throws TransportError when the message cannot be handed over (unknown rank, transport
   // failure). A send to a peer that has gone away may succeed and be lost.
   virtual void send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes) = 0;
+  // As send(), but the bytes may be read after it returns, until the last copy of `owner` (not
+  // null) is released, possibly on another thread: the transport may send them without copying
+  // them (ZmqComm in plaintext). The caller must not change them before then. The default
+  // copies, as send() does, and so releases `owner` at once.
+  virtual void send_shared(Rank to, std::uint64_t tag, std::span<const std::byte> bytes,
+                           std::shared_ptr<const void> owner) {
+    (void)owner;
+    send(to, tag, bytes);
+  }
   [[nodiscard]] virtual std::optional<PooledBuffer> recv(Rank from, std::uint64_t tag,
                                                          std::chrono::milliseconds timeout) = 0;
   // Payload bytes this rank has sent and received so far.
@@ -80,8 +89,10 @@ class Mailbox {
 };
 
 // n ranks inside one process, for tests and simulations. comm(r) is rank r's endpoint; each is
-// driven by one thread. kill(r) makes rank r vanish: messages to and from it are dropped, and
-// its own sends and receives are no-ops that time out, as with a crashed process.
+// driven by one thread. send_shared() hands the receiver the sender's own bytes, kept (with
+// `owner`) until the receiver drops them, so a sender that changes them too early is caught.
+// kill(r) makes rank r vanish: messages to and from it are dropped, and its own sends and receives
+// are no-ops that time out, as with a crashed process.
 class InMemoryNetwork {
  public:
   explicit InMemoryNetwork(Rank n, std::shared_ptr<BufferPool> buffers = nullptr);

@@ -56,6 +56,10 @@ class ZmqComm final : public Comm {
   [[nodiscard]] Rank rank() const override;
   [[nodiscard]] Rank size() const override;
   void send(Rank to, std::uint64_t tag, std::span<const std::byte> bytes) override;
+  // Plaintext: the bytes go to ZeroMQ without a copy, and `owner` is released once it is done
+  // with them; over TLS they are sealed into the pool's chunks as send() does.
+  void send_shared(Rank to, std::uint64_t tag, std::span<const std::byte> bytes,
+                   std::shared_ptr<const void> owner) override;
   [[nodiscard]] std::optional<PooledBuffer> recv(Rank from, std::uint64_t tag,
                                                  std::chrono::milliseconds timeout) override;
   [[nodiscard]] std::uint64_t bytes_sent() const override;

@@ -1,12 +1,21 @@
-// AllReduce (sum) over a Comm: ring (reduce-scatter + all-gather, chunked and pipelined) and
-// recursive doubling (with the fold step for n not a power of two); docs/ALGORITHMS.md section 4.
+// AllReduce (sum) over a Comm: ring (reduce-scatter + all-gather, chunked and pipelined),
+// halving-doubling (Rabenseifner) and recursive doubling, the last two with the fold step for n
+// not a power of two; docs/ALGORITHMS.md section 4.
 //
 // Ring: the vector is cut into n chunks whose sizes differ by at most one element, each chunk into
 // segments of at most segment_bytes. A rank sends its own chunk's segments, then forwards every
 // segment it receives as soon as it has added (reduce-scatter) or stored (all-gather) it, so the
 // 2(n-1) ring steps overlap segment by segment. Each rank sends 2(n-1)/n of the vector.
-// Recursive doubling: log2(n) whole-vector exchanges with rank XOR 2^j; latency-optimal, for
-// small vectors. kAuto picks recursive doubling below small_bytes, the ring above.
+// Halving-doubling: a reduce-scatter by recursive halving (log2 n exchanges of half the range
+// still held, with rank XOR 2^j), then an all-gather by recursive doubling: 2(n-1)/n of the
+// vector in 2 log2 n steps. Recursive doubling: log2(n) whole-vector exchanges, segmented;
+// latency-optimal, for small vectors. kAuto: recursive doubling below small_bytes, then
+// halving-doubling below ring_bytes for n > 2, the ring above (thresholds measured on loopback,
+// docs/PERFORMANCE.md).
+//
+// The ring and halving-doubling send without copying (Comm::send_shared): a region of the vector
+// is written again only after the transport has released every send of it, and sum() returns
+// only once all are released, so the caller may change the vector at once.
 //
 // Every call must be made by all ranks of the Comm, in the same order, with the same length. On
 // integer-valued data all algorithms give the exact sum on every rank. Throws TimeoutError when a
@@ -24,16 +33,18 @@
 
 namespace cohort::aggregation {
 
-enum class AllreduceAlgo { kAuto, kRing, kRecursiveDoubling };
+enum class AllreduceAlgo { kAuto, kRing, kRecursiveDoubling, kHalvingDoubling };
 
 [[nodiscard]] std::string_view allreduce_algo_name(AllreduceAlgo algo);
-// "auto", "ring", "recursive_doubling" (or "tree"); ConfigError naming the choices otherwise.
+// "auto", "ring", "recursive_doubling" (or "tree"), "halving_doubling"; ConfigError naming the
+// choices otherwise.
 [[nodiscard]] AllreduceAlgo parse_allreduce_algo(std::string_view name);
 
 struct AllreduceOptions {
   AllreduceAlgo algo = AllreduceAlgo::kAuto;
   std::size_t segment_bytes = std::size_t{1} << 20;  // pipelining grain of the ring
   std::size_t small_bytes = std::size_t{64} << 10;   // kAuto: recursive doubling below this
+  std::size_t ring_bytes = std::size_t{32} << 20;    // kAuto, n > 2: halving-doubling below
   std::chrono::milliseconds timeout{60000};
   std::uint64_t tag_base = std::uint64_t{1} << 62;  // keeps its tags apart from gossip tags
 };
@@ -47,12 +58,14 @@ class AllReducer {
   // data <- mean over ranks.
   AllreduceAlgo mean(std::span<float> data);
 
+  // The algorithm sum() runs for `bytes` on this Comm's group.
   [[nodiscard]] AllreduceAlgo choose(std::size_t bytes) const;
   [[nodiscard]] const AllreduceOptions& options() const { return options_; }
 
  private:
   void ring(std::span<float> data, std::uint64_t tag);
   void recursive_doubling(std::span<float> data, std::uint64_t tag);
+  void halving_doubling(std::span<float> data, std::uint64_t tag);
 
   Comm& comm_;
   AllreduceOptions options_;
