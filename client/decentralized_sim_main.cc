@@ -50,7 +50,7 @@ struct Options {
   double lr = 0.05, momentum = 0.9, mu = 0.9, weight_decay = 0.0, gamma = 0.5;
   std::string topology = "ring", partition = "dirichlet:0.1", algos = "dpsgd,dsgdm,qg_dsgdm";
   std::string model = "mlp:784-256-128-10", data_dir{client::kFashionMnistDir};
-  std::string compressor = "none", allreduce = "ring";
+  std::string compressor = "none", allreduce = "auto";
   std::vector<std::string> topology_opts, compressor_opts;
   // Your own data: the data.* keys of cohort-client (client/data_source.h), as --data-KEY flags.
   std::map<std::string, std::string> data_keys;
@@ -79,7 +79,9 @@ void add_options(CLI::App& app, Options& o) {
                  "KEY=VALUE for CHOCO's compressor (k_fraction, k, s, ..., error_feedback = false "
                  "unless given); repeatable");
   app.add_option("--allreduce", o.allreduce,
-                 "ring_allreduce's collective: ring, recursive_doubling or auto");
+                 "ring_allreduce's collective: auto (by size and peers), ring, "
+                 "halving_doubling or recursive_doubling")
+      ->capture_default_str();
   app.add_option("--model", o.model, "model spec, e.g. mlp:784-256-128-10 or cnn:lenet5");
   app.add_option("--data", o.data_dir, "Fashion-MNIST folder");
   for (const char* key : {"format", "train", "test", "train-labels", "test-labels", "arrays",

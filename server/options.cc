@@ -358,8 +358,9 @@ ConfigSchema config_schema() {
                 "algorithm = dpsgd, steps, lr, batch, partition, gossip_timeout_ms, "
                 "staleness, the algorithm's own options (momentum, nesterov, mu, "
                 "gamma, weight_decay, overlap, seed), compressor and "
-                "compressor_options.* (choco only), allreduce = ring | "
-                "recursive_doubling | auto (ring_allreduce only)")
+                "compressor_options.* (choco only), allreduce = auto | ring | "
+                "halving_doubling | recursive_doubling (ring_allreduce only; auto by size "
+                "and peers)")
       .add_section("train",
                    "client-side training options sent to clients and checked at start-up: "
                    "epochs, steps, batch_size, drop_last, optimizer, lr, momentum, nesterov, "

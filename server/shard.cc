@@ -56,12 +56,14 @@ void ShardCore::serve_pull(const Message& m, const transport::Pull& p, std::uint
                                 .version = version,
                                 .encoding = transport::Encoding::kDenseF32,
                                 .batch_size = batch_size};
-  auto slice = params.span().subspan(p.begin - begin, p.end - p.begin);
-  out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), nullptr});
+  if (!pull_snapshot_) pull_snapshot_ = std::make_shared<const FloatBuffer>(params_.span());
+  const auto slice = std::span<const float>(pull_snapshot_->data(), size())
+                         .subspan(p.begin - begin, p.end - p.begin);
+  out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), pull_snapshot_});
 }
 
 void ShardCore::checkpoint() {
-  if (!store || params.empty()) return;
+  if (!store || params_.empty()) return;
   ShardState s;
   s.shard = index;
   s.shards = shards;
@@ -70,7 +72,7 @@ void ShardCore::checkpoint() {
   s.round = last_closed;
   s.version = version;
   s.model_spec = model_spec;
-  s.params = params.clone();
+  s.params = params_.clone();
   for (auto& [name, span] : optimizer->state())
     s.optimizer_state.emplace_back(name, FloatBuffer(span));
   try {
@@ -164,7 +166,7 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
         throw ConfigError("checkpoint in " + checkpoint_dir_ +
                           " is for another model or shard layout (" + state->model_spec + ")");
       }
-      c.params = std::move(state->params);
+      c.set_params(std::move(state->params));
       c.version = state->version;
       c.last_closed = state->round;
       for (auto& [name, buf] : state->optimizer_state) {
@@ -180,7 +182,7 @@ void Shard::setup(const std::string& model_spec, std::uint64_t model_size) {
   }
   FloatBuffer full(model_size);
   kernels::make_network_spec(model_spec).initialize(model_seed_, full.span());
-  c.params = FloatBuffer(full.span().subspan(c.begin, size()));
+  c.set_params(FloatBuffer(full.span().subspan(c.begin, size())));
   COHORT_LOG(Info) << "shard " << c.index << ": owns [" << c.begin << ", " << c.end << ") of "
                    << model_size << " parameters";
 }

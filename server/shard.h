@@ -34,13 +34,13 @@ class Shard {
   // Throws ConfigError for a checkpoint of another model or layout.
   void setup(const std::string& model_spec, std::uint64_t model_size);
 
-  [[nodiscard]] bool ready() const { return !core_.params.empty() || size() == 0; }
+  [[nodiscard]] bool ready() const { return !core_.params().empty() || size() == 0; }
   [[nodiscard]] std::uint64_t begin() const { return core_.begin; }
   [[nodiscard]] std::uint64_t end() const { return core_.end; }
   [[nodiscard]] std::size_t size() const { return core_.size(); }
   [[nodiscard]] std::uint64_t version() const { return core_.version; }
   [[nodiscard]] std::uint64_t last_closed() const { return core_.last_closed; }
-  [[nodiscard]] std::span<const float> params() const { return core_.params.span(); }
+  [[nodiscard]] std::span<const float> params() const { return core_.params().span(); }
   // The aggregation rule's name, and the fewest complete updates with which it can aggregate.
   [[nodiscard]] const std::string& rule_name() const { return core_.aggregator_name; }
   [[nodiscard]] std::size_t rule_min_updates() const;

@@ -68,7 +68,17 @@ struct ShardCore {
   const std::uint32_t index, shards;
   std::uint64_t begin = 0, end = 0;
   std::string model_spec;
-  FloatBuffer params;
+  // The range's parameters. Every write goes through writable_params() or set_params(): they drop
+  // the snapshot that pulls are served from.
+  [[nodiscard]] const FloatBuffer& params() const { return params_; }
+  std::span<float> writable_params() {
+    pull_snapshot_.reset();
+    return params_.span();
+  }
+  void set_params(FloatBuffer p) {
+    pull_snapshot_.reset();
+    params_ = std::move(p);
+  }
   std::uint64_t version = 0;
   std::uint64_t committed = 0;       // rounds committed by this process (checkpoint cadence)
   std::uint64_t last_closed = 0;     // the last round (FedBuff: step) closed
@@ -80,6 +90,13 @@ struct ShardCore {
   std::optional<CheckpointStore> store;
   std::vector<std::unique_ptr<aggregation::PushDecoder>> spare_decoders;
   std::vector<float> decode_scratch;  // one decoded piece; grows once, reused by every push
+
+ private:
+  FloatBuffer params_;
+  // The parameters as pulls see them until they change: the first pull after a change copies
+  // them, and every pull is sent from the copy without another (the transport keeps it alive
+  // while it sends), so a version costs one copy however many clients pull it.
+  std::shared_ptr<const FloatBuffer> pull_snapshot_;
 };
 
 // One mode's handling of pulls, pushes and the two phases of a close. The Shard does what every

@@ -317,7 +317,7 @@ void add_builtin_decentralized_optimizers(DecentralizedOptimizerRegistry& regist
     o.require_known(known);
     return std::make_unique<AllreduceSgd>(
         float_option(o, "momentum", 0.9, 0, 1), float_option(o, "weight_decay", 0, 0, 1),
-        o.get_bool("nesterov", false), parse_allreduce_algo(o.get_string("allreduce", "ring")));
+        o.get_bool("nesterov", false), parse_allreduce_algo(o.get_string("allreduce", "auto")));
   });
   for (const char* name : {"push_sum", "sgp"}) {
     registry.add(name, [](const ConfigSection& o, std::shared_ptr<const Compressor>) {

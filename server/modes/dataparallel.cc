@@ -263,13 +263,13 @@ void DataParallelMode::apply(const Message& m, FloatBuffer& g) {
         spare_.push_back(std::move(grad));
       }
       if (speed_) scale_step(clock);
-      core_.optimizer->apply_gradient(core_.params.span(), step_sum_.span());
+      core_.optimizer->apply_gradient(core_.writable_params(), step_sum_.span());
       ++core_.version;
       step_buffer_.erase(clock);
       if (speed_) step_done(clock);
     }
   } else {
-    core_.optimizer->apply_gradient(core_.params.span(), g.span());
+    core_.optimizer->apply_gradient(core_.writable_params(), g.span());
     ++core_.version;
   }
   core_.reply_ack(m, true, "");
@@ -302,7 +302,7 @@ void DataParallelMode::on_streamed_gradient_chunk(Message& m, const std::string&
       return;
     }
     core_.optimizer->apply_gradient_range(
-        base + at, core_.params.span().subspan(base + at, block.size()), block);
+        base + at, core_.writable_params().subspan(base + at, block.size()), block);
   }
   m.payload = PooledBuffer{};  // the frame goes back now, while it is warm
   if (!m.complete) return;

@@ -60,7 +60,7 @@ class FedBuffMode final : public ShardMode {
       const double inv_k = 1.0 / static_cast<double>(prepared_count_);
       for (std::size_t i = 0; i < size; ++i)
         delta_[i] = static_cast<float>(prepared_sum_[i] * inv_k);
-      core_.optimizer->apply_delta(core_.params.span(), delta_.span());
+      core_.optimizer->apply_delta(core_.writable_params(), delta_.span());
       ++core_.version;
       core_.last_closed = step;
       core_.checkpoint_if_due(core_.version);

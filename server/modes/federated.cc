@@ -82,7 +82,7 @@ class FederatedMode final : public ShardMode {
       // on its data would leak through it). Without DP the rescale could as well happen in
       // prepare(): nothing reads delta_ in between.
       if (scale_ != 1.0) scale_in_double(delta_.span(), scale_);
-      core_.optimizer->apply_delta(core_.params.span(), delta_.span());
+      core_.optimizer->apply_delta(core_.writable_params(), delta_.span());
       ++core_.version;
     }
     // The delta buffer exists only while a round closes: during pushes a FedAvg shard holds

@@ -43,7 +43,7 @@ enum class AllreduceAlgo { kAuto, kRing, kRecursiveDoubling, kHalvingDoubling };
 struct AllreduceOptions {
   AllreduceAlgo algo = AllreduceAlgo::kAuto;
   std::size_t segment_bytes = std::size_t{1} << 20;  // pipelining grain of the ring
-  std::size_t small_bytes = std::size_t{64} << 10;   // kAuto: recursive doubling below this
+  std::size_t small_bytes = std::size_t{512} << 10;  // kAuto: recursive doubling below this
   std::size_t ring_bytes = std::size_t{32} << 20;    // kAuto, n > 2: halving-doubling below
   std::chrono::milliseconds timeout{60000};
   std::uint64_t tag_base = std::uint64_t{1} << 62;  // keeps its tags apart from gossip tags

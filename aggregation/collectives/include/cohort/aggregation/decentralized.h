@@ -17,7 +17,7 @@
 //                with the Compressor given to create(); memory-efficient form (x, x_hat, s)
 //   push_sum:    momentum = 0, weight_decay = 0   (5.4) SGP for directed / time-varying graphs;
 //                gradients must be taken at eval_point() = x / w  (alias "sgp")
-//   ring_allreduce: momentum = 0.9, nesterov = false, weight_decay = 0, allreduce = "ring"
+//   ring_allreduce: momentum = 0.9, nesterov = false, weight_decay = 0, allreduce = "auto"
 //                exact gradient average by AllReduce over the Comm (allreduce = ring |
 //                recursive_doubling | auto, allreduce.h), then a momentum step: the data-parallel
 //                baseline
