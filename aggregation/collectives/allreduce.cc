@@ -42,8 +42,7 @@ AllReducer::AllReducer(Comm& comm, AllreduceOptions options) : comm_(comm), opti
 AllreduceAlgo AllReducer::choose(std::size_t bytes) const {
   if (options_.algo != AllreduceAlgo::kAuto) return options_.algo;
   if (bytes < options_.small_bytes) return AllreduceAlgo::kRecursiveDoubling;
-  if (comm_.size() > 2 && bytes < options_.ring_bytes) return AllreduceAlgo::kHalvingDoubling;
-  return AllreduceAlgo::kRing;
+  return std::has_single_bit(comm_.size()) ? AllreduceAlgo::kHalvingDoubling : AllreduceAlgo::kRing;
 }
 
 AllreduceAlgo AllReducer::sum(std::span<float> data) {
@@ -180,50 +179,70 @@ void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
   const Rank rem = n - p;
   const auto timeout = options_.timeout;
   const std::size_t seg = std::max<std::size_t>(1, options_.segment_bytes / sizeof(float));
+  // Regions: 0 the caller's vector, 1 the scratch buffer.
+  SendLedger sends(2);
+  auto send_all = [&](Rank to, std::uint64_t t, std::span<float> range, std::size_t region) {
+    for_segments(range, seg,
+                 [&](std::span<float> part) { sends.send(comm_, to, t, part, region); });
+  };
+  auto receive_all = [&](Rank from, std::uint64_t t, std::span<float> range, bool add) {
+    for_segments(range, seg, [&](std::span<float> part) {
+      const bool ok = add ? recv_add_floats(comm_, from, t, part, timeout)
+                          : recv_floats(comm_, from, t, part, timeout);
+      if (!ok) silent_peer(from, timeout);
+    });
+  };
   // Fold: among the first 2*rem ranks, each even rank hands its vector to the odd one above it
   // and sits out; the remaining p ranks run the doubling with ranks renumbered 0..p-1.
   Rank vrank = 0;
   if (r < 2 * rem) {
     if (r % 2 == 0) {
-      for_segments(data, seg, [&](std::span<float> part) { send_floats(comm_, r + 1, tag, part); });
-      for_segments(data, seg, [&](std::span<float> part) {
-        if (!recv_floats(comm_, r + 1, tag + 2, part, timeout)) silent_peer(r + 1, timeout);
-      });
+      send_all(r + 1, tag, data, 0);
+      sends.wait(0, timeout);
+      receive_all(r + 1, tag + 2, data, false);
       return;
     }
-    for_segments(data, seg, [&](std::span<float> part) {
-      if (!recv_add_floats(comm_, r - 1, tag, part, timeout)) silent_peer(r - 1, timeout);
-    });
+    receive_all(r - 1, tag, data, true);
     vrank = r / 2;
   } else {
     vrank = r - rem;
   }
   auto real = [&](Rank v) { return v < rem ? 2 * v + 1 : v + rem; };
-  // Both partners add the same two vectors and float addition commutes, so every rank holds a
-  // bit-identical result even for non-integer data. The exchange is segmented, a few segments
-  // ahead of what has arrived, so neither side queues a whole vector in the transport: segment
-  // k is sent (copied) before the partner's segment k is added into it.
-  constexpr std::size_t kAhead = 4;
-  const std::size_t segments = (data.size() + seg - 1) / seg;
-  auto segment = [&](std::size_t k) {
-    return data.subspan(k * seg, std::min(seg, data.size() - k * seg));
-  };
+  // Each step sends the buffer holding this rank's partial sum without a copy and writes its sum
+  // with the partner's into the other buffer, segment by segment as the partner's arrive: both
+  // partners add the same two vectors and float addition commutes, so every rank ends with a
+  // bit-identical result even for non-integer data. A buffer is written only once the transport
+  // released its sends of two steps before.
+  if (scratch_.size() < data.size()) scratch_.resize(data.size());
+  std::span<float> buffers[2] = {data, std::span<float>(scratch_.data(), data.size())};
+  std::size_t cur = 0;
   for (Rank mask = 1; mask < p; mask <<= 1) {
     const Rank partner = real(vrank ^ mask);
-    std::size_t sent = 0;
-    for (std::size_t got = 0; got < segments; ++got) {
-      for (; sent < segments && sent < got + kAhead; ++sent) {
-        send_floats(comm_, partner, tag + 1, segment(sent));
+    const std::size_t nxt = 1 - cur;
+    send_all(partner, tag + 1, buffers[cur], cur);
+    sends.wait(nxt, timeout);
+    for (std::size_t off = 0; off < data.size(); off += seg) {
+      const std::size_t len = std::min(seg, data.size() - off);
+      auto got = comm_.recv(partner, tag + 1, timeout);
+      if (!got) silent_peer(partner, timeout);
+      if (got->size() != len * sizeof(float)) {
+        throw ProtocolError("allreduce: rank " + std::to_string(partner) + " sent " +
+                            std::to_string(got->size()) + " bytes, expected " +
+                            std::to_string(len * sizeof(float)));
       }
-      if (!recv_add_floats(comm_, partner, tag + 1, segment(got), timeout)) {
-        silent_peer(partner, timeout);
-      }
+      const float* __restrict in = reinterpret_cast<const float*>(got->data());
+      const float* __restrict mine = buffers[cur].data() + off;
+      float* __restrict out = buffers[nxt].data() + off;
+      for (std::size_t i = 0; i < len; ++i) out[i] = mine[i] + in[i];
     }
+    cur = nxt;
   }
-  if (r < 2 * rem) {  // unfold
-    for_segments(data, seg,
-                 [&](std::span<float> part) { send_floats(comm_, r - 1, tag + 2, part); });
+  if (cur == 1) {  // the sum is in the scratch buffer
+    sends.wait(0, timeout);
+    std::copy(buffers[1].begin(), buffers[1].end(), data.begin());
   }
+  if (r < 2 * rem) send_all(r - 1, tag + 2, data, 0);  // unfold
+  sends.wait(SendLedger::kAll, timeout);
 }
 
 void AllReducer::halving_doubling(std::span<float> data, std::uint64_t tag) {

@@ -81,11 +81,13 @@ TEST_CASE("ring allreduce: exact sums for n = 2..8 and lengths not divisible by 
 
 TEST_CASE("recursive doubling (with the fold for n not a power of two) equals the ring") {
   for (Rank n = 2; n <= 8; ++n) {
-    for (std::size_t d : {std::size_t{1}, std::size_t{n + 1}, std::size_t{999}}) {
+    for (std::size_t d :
+         {std::size_t{1}, std::size_t{n + 1}, std::size_t{999}, std::size_t{10007}}) {
       CAPTURE(n);
       CAPTURE(d);
       AllreduceOptions rd;
       rd.algo = AllreduceAlgo::kRecursiveDoubling;
+      rd.segment_bytes = 256;  // many segments per exchange, both buffers in turn
       rd.timeout = std::chrono::seconds(60);
       AllreduceOptions ring = rd;
       ring.algo = AllreduceAlgo::kRing;
@@ -137,15 +139,17 @@ TEST_CASE("send_shared hands the receiver the sender's own bytes: early writes w
   CHECK(released);  // dropped by the receiver
 }
 
-TEST_CASE("auto: recursive doubling when small, halving-doubling for mid sizes, the ring above") {
+TEST_CASE("auto: recursive doubling when small, then halving-doubling, or the ring for odd n") {
   InMemoryNetwork two(2), four(4);
   AllReducer reducer(two.comm(0));
   CHECK(reducer.choose(4096) == AllreduceAlgo::kRecursiveDoubling);
-  CHECK(reducer.choose(std::size_t{1} << 20) == AllreduceAlgo::kRing);
-  AllReducer wide(four.comm(0));
+  CHECK(reducer.choose(std::size_t{1} << 20) == AllreduceAlgo::kHalvingDoubling);
+  InMemoryNetwork three(3);
+  AllReducer wide(four.comm(0)), odd(three.comm(0));
   CHECK(wide.choose(4096) == AllreduceAlgo::kRecursiveDoubling);
   CHECK(wide.choose(std::size_t{1} << 20) == AllreduceAlgo::kHalvingDoubling);
-  CHECK(wide.choose(std::size_t{1} << 30) == AllreduceAlgo::kRing);
+  CHECK(wide.choose(std::size_t{1} << 30) == AllreduceAlgo::kHalvingDoubling);
+  CHECK(odd.choose(std::size_t{1} << 20) == AllreduceAlgo::kRing);  // no fold for the ring
   CHECK(parse_allreduce_algo("halving_doubling") == AllreduceAlgo::kHalvingDoubling);
   CHECK(allreduce_algo_name(AllreduceAlgo::kHalvingDoubling) == "halving_doubling");
   CHECK(parse_allreduce_algo("tree") == AllreduceAlgo::kRecursiveDoubling);

@@ -8,14 +8,14 @@
 // 2(n-1) ring steps overlap segment by segment. Each rank sends 2(n-1)/n of the vector.
 // Halving-doubling: a reduce-scatter by recursive halving (log2 n exchanges of half the range
 // still held, with rank XOR 2^j), then an all-gather by recursive doubling: 2(n-1)/n of the
-// vector in 2 log2 n steps. Recursive doubling: log2(n) whole-vector exchanges, segmented;
-// latency-optimal, for small vectors. kAuto: recursive doubling below small_bytes, then
-// halving-doubling below ring_bytes for n > 2, the ring above (thresholds measured on loopback,
-// docs/PERFORMANCE.md).
+// vector in 2 log2 n steps. Recursive doubling: log2(n) whole-vector exchanges, segmented, each
+// step's sum written to the other of two buffers; latency-optimal, for small vectors. kAuto:
+// recursive doubling below small_bytes; above, halving-doubling when n is a power of two, else
+// the ring (whose chunks need no fold). Measured on loopback: docs/PERFORMANCE.md 10.
 //
-// The ring and halving-doubling send without copying (Comm::send_shared): a region of the vector
-// is written again only after the transport has released every send of it, and sum() returns
-// only once all are released, so the caller may change the vector at once.
+// Every algorithm sends without copying (Comm::send_shared): a region of a buffer is written
+// again only after the transport has released every send of it, and sum() returns only once all
+// are released, so the caller may change the vector at once.
 //
 // Every call must be made by all ranks of the Comm, in the same order, with the same length. On
 // integer-valued data all algorithms give the exact sum on every rank. Throws TimeoutError when a
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "cohort/core/comm.h"
 
@@ -44,7 +45,6 @@ struct AllreduceOptions {
   AllreduceAlgo algo = AllreduceAlgo::kAuto;
   std::size_t segment_bytes = std::size_t{1} << 20;  // pipelining grain of the ring
   std::size_t small_bytes = std::size_t{512} << 10;  // kAuto: recursive doubling below this
-  std::size_t ring_bytes = std::size_t{32} << 20;    // kAuto, n > 2: halving-doubling below
   std::chrono::milliseconds timeout{60000};
   std::uint64_t tag_base = std::uint64_t{1} << 62;  // keeps its tags apart from gossip tags
 };
@@ -70,6 +70,7 @@ class AllReducer {
   Comm& comm_;
   AllreduceOptions options_;
   std::uint64_t op_ = 0;
+  std::vector<float> scratch_;  // recursive doubling's second buffer, kept between calls
 };
 
 // Bus bandwidth of one allreduce of `bytes` that took `seconds` on n ranks (NCCL-tests'
