@@ -142,7 +142,8 @@ TEST_CASE("federated shard: a resend of a push still streaming continues it and 
     REQUIRE(f.out.count<PushAck>() == 1);
     CHECK(f.last_ack("a").accepted);
   }
-  SUBCASE("both transfers arrive whole: the one ahead finishes it, the other's end is answered too") {
+  SUBCASE(
+      "both transfers arrive whole: the one ahead finishes it, the other's end is answered too") {
     auto again = testing::push_all("a", f.delta(), 1, 2, ua);  // one chunk: its first half is taken
     REQUIRE(f.shard.handle(again));
     REQUIRE(f.out.count<PushAck>() == 1);
@@ -410,6 +411,32 @@ TEST_CASE("ASP shard: gradients apply as they stream, chunk by chunk, and a pull
   auto far_ahead = pull(f, "a", 10);
   REQUIRE(f.shard.handle(far_ahead));
   CHECK(replies_to(f, "a") == 1);
+}
+
+TEST_CASE(
+    "a shard serves every pull of one version from one copy, which later pushes leave alone") {
+  Fixture f({"server.mode=dataparallel", "server.consistency=asp", "server.clients_per_round=2",
+             "server_optimizer.name=sgd", "server_optimizer.lr=1.0"});
+  auto lent = [&] { return f.out.sent.back().lent; };
+  auto handle = [&](transport::Message m) { return f.shard.handle(m); };
+  REQUIRE(handle(pull(f, "a", 0)));
+  const transport::Payload first = lent();
+  REQUIRE(handle(pull(f, "b", 0)));
+  const transport::Payload second = lent();
+  REQUIRE(first.owner != nullptr);
+  CHECK(first.owner == second.owner);  // no change in between: the same snapshot, no copy
+  const std::vector<float> before = f.params();
+  std::vector<float> g(kModelSize, 1.0f);
+  REQUIRE(handle(testing::push_chunk("a", gradient(f, 0), 1, 1, g, 0, kModelSize, true)));
+  REQUIRE(handle(pull(f, "a", 1)));
+  const transport::Payload third = lent();
+  CHECK(third.owner != first.owner);
+  const auto* old_bytes = reinterpret_cast<const float*>(first.bytes.data());
+  const auto* new_bytes = reinterpret_cast<const float*>(third.bytes.data());
+  for (std::size_t i = 0; i < kModelSize; ++i) {
+    CHECK(old_bytes[i] == before[i]);  // what the first pulls were sent is unchanged
+    CHECK(new_bytes[i] == doctest::Approx(before[i] - 1.0f));
+  }
 }
 
 // ---- FedBuff --------------------------------------------------------------------------------

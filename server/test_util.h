@@ -26,6 +26,7 @@ struct Sent {
   transport::PeerHandle peer;
   transport::Envelope envelope;
   std::vector<std::byte> payload;
+  transport::Payload lent;  // the payload as handed over: its bytes stay valid while its owner does
 };
 
 class RecordingOutbox final : public Outbox {
@@ -35,7 +36,8 @@ class RecordingOutbox final : public Outbox {
             transport::Payload payload) override {
     sent.push_back({.peer = peer,
                     .envelope = std::move(envelope),
-                    .payload = {payload.bytes.begin(), payload.bytes.end()}});
+                    .payload = {payload.bytes.begin(), payload.bytes.end()},
+                    .lent = payload.owner ? payload : transport::Payload{}});
     return !gone.contains(peer);
   }
   // The messages of body type T, in order.
