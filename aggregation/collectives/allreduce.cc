@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -134,6 +135,64 @@ void for_segments(std::span<float> range, std::size_t seg, F&& f) {
   }
 }
 
+// Segmented sends (without a copy, counted by a ledger) and receives of whole ranges, and the
+// fold of the doubling algorithms. Region 0 of the ledger is the fold's and the unfold's.
+class Segmented {
+ public:
+  Segmented(Comm& comm, const AllreduceOptions& options, std::size_t regions)
+      : comm_(comm),
+        seg_(std::max<std::size_t>(1, options.segment_bytes / sizeof(float))),
+        timeout_(options.timeout),
+        sends_(regions) {}
+
+  [[nodiscard]] std::size_t seg() const { return seg_; }
+  // Waits until the transport released every send of `region` (all: SendLedger::kAll).
+  void wait(std::size_t region) { sends_.wait(region, timeout_); }
+  void send_all(Rank to, std::uint64_t tag, std::span<float> range, std::size_t region) {
+    for_segments(range, seg_,
+                 [&](std::span<float> part) { sends_.send(comm_, to, tag, part, region); });
+  }
+  // Receives `range` segment by segment, added into it or stored.
+  void receive_all(Rank from, std::uint64_t tag, std::span<float> range, bool add) {
+    for_segments(range, seg_, [&](std::span<float> part) {
+      const bool ok = add ? recv_add_floats(comm_, from, tag, part, timeout_)
+                          : recv_floats(comm_, from, tag, part, timeout_);
+      if (!ok) silent_peer(from, timeout_);
+    });
+  }
+  // Fold for n not a power of two p: among the first 2 (n - p) ranks, each even rank hands its
+  // vector to the odd one above it and sits out, then receives the result (the unfold, tag + 2):
+  // nullopt. The others get ranks 0..p-1 (real() maps them back).
+  std::optional<Rank> fold(std::span<float> data, std::uint64_t tag) {
+    const Rank r = comm_.rank(), rem = comm_.size() - std::bit_floor(comm_.size());
+    if (r >= 2 * rem) return r - rem;
+    if (r % 2 == 1) {
+      receive_all(r - 1, tag, data, true);
+      return r / 2;
+    }
+    send_all(r + 1, tag, data, 0);
+    wait(0);
+    receive_all(r + 1, tag + 2, data, false);
+    return std::nullopt;
+  }
+  [[nodiscard]] Rank real(Rank v) const {
+    const Rank rem = comm_.size() - std::bit_floor(comm_.size());
+    return v < rem ? 2 * v + 1 : v + rem;
+  }
+  // After the doubling: the odd ranks of the fold send the result down; every send released.
+  void unfold(std::span<float> data, std::uint64_t tag) {
+    const Rank r = comm_.rank(), rem = comm_.size() - std::bit_floor(comm_.size());
+    if (r < 2 * rem) send_all(r - 1, tag + 2, data, 0);
+    wait(SendLedger::kAll);
+  }
+
+ private:
+  Comm& comm_;
+  const std::size_t seg_;
+  const std::chrono::milliseconds timeout_;
+  SendLedger sends_;
+};
+
 }  // namespace
 
 void AllReducer::ring(std::span<float> data, std::uint64_t tag) {
@@ -173,41 +232,11 @@ void AllReducer::ring(std::span<float> data, std::uint64_t tag) {
 }
 
 void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
-  const Rank n = comm_.size();
-  const Rank r = comm_.rank();
-  const Rank p = std::bit_floor(n);  // largest power of two <= n
-  const Rank rem = n - p;
+  const Rank p = std::bit_floor(comm_.size());  // largest power of two <= n
   const auto timeout = options_.timeout;
-  const std::size_t seg = std::max<std::size_t>(1, options_.segment_bytes / sizeof(float));
-  // Regions: 0 the caller's vector, 1 the scratch buffer.
-  SendLedger sends(2);
-  auto send_all = [&](Rank to, std::uint64_t t, std::span<float> range, std::size_t region) {
-    for_segments(range, seg,
-                 [&](std::span<float> part) { sends.send(comm_, to, t, part, region); });
-  };
-  auto receive_all = [&](Rank from, std::uint64_t t, std::span<float> range, bool add) {
-    for_segments(range, seg, [&](std::span<float> part) {
-      const bool ok = add ? recv_add_floats(comm_, from, t, part, timeout)
-                          : recv_floats(comm_, from, t, part, timeout);
-      if (!ok) silent_peer(from, timeout);
-    });
-  };
-  // Fold: among the first 2*rem ranks, each even rank hands its vector to the odd one above it
-  // and sits out; the remaining p ranks run the doubling with ranks renumbered 0..p-1.
-  Rank vrank = 0;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      send_all(r + 1, tag, data, 0);
-      sends.wait(0, timeout);
-      receive_all(r + 1, tag + 2, data, false);
-      return;
-    }
-    receive_all(r - 1, tag, data, true);
-    vrank = r / 2;
-  } else {
-    vrank = r - rem;
-  }
-  auto real = [&](Rank v) { return v < rem ? 2 * v + 1 : v + rem; };
+  Segmented io(comm_, options_, 2);  // regions: 0 the caller's vector, 1 the scratch buffer
+  const std::optional<Rank> vrank = io.fold(data, tag);
+  if (!vrank) return;
   // Each step sends the buffer holding this rank's partial sum without a copy and writes its sum
   // with the partner's into the other buffer, segment by segment as the partner's arrive: both
   // partners add the same two vectors and float addition commutes, so every rank ends with a
@@ -217,12 +246,12 @@ void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
   std::span<float> buffers[2] = {data, std::span<float>(scratch_.data(), data.size())};
   std::size_t cur = 0;
   for (Rank mask = 1; mask < p; mask <<= 1) {
-    const Rank partner = real(vrank ^ mask);
+    const Rank partner = io.real(*vrank ^ mask);
     const std::size_t nxt = 1 - cur;
-    send_all(partner, tag + 1, buffers[cur], cur);
-    sends.wait(nxt, timeout);
-    for (std::size_t off = 0; off < data.size(); off += seg) {
-      const std::size_t len = std::min(seg, data.size() - off);
+    io.send_all(partner, tag + 1, buffers[cur], cur);
+    io.wait(nxt);
+    for (std::size_t off = 0; off < data.size(); off += io.seg()) {
+      const std::size_t len = std::min(io.seg(), data.size() - off);
       auto got = comm_.recv(partner, tag + 1, timeout);
       if (!got) silent_peer(partner, timeout);
       if (got->size() != len * sizeof(float)) {
@@ -238,51 +267,21 @@ void AllReducer::recursive_doubling(std::span<float> data, std::uint64_t tag) {
     cur = nxt;
   }
   if (cur == 1) {  // the sum is in the scratch buffer
-    sends.wait(0, timeout);
+    io.wait(0);
     std::copy(buffers[1].begin(), buffers[1].end(), data.begin());
   }
-  if (r < 2 * rem) send_all(r - 1, tag + 2, data, 0);  // unfold
-  sends.wait(SendLedger::kAll, timeout);
+  io.unfold(data, tag);
 }
 
 void AllReducer::halving_doubling(std::span<float> data, std::uint64_t tag) {
-  const Rank n = comm_.size();
-  const Rank r = comm_.rank();
-  const Rank p = std::bit_floor(n);
-  const Rank rem = n - p;
-  const auto timeout = options_.timeout;
-  const std::size_t seg = std::max<std::size_t>(1, options_.segment_bytes / sizeof(float));
+  const Rank p = std::bit_floor(comm_.size());
   const auto levels = static_cast<std::size_t>(std::countr_zero(p));
-  // Regions: 0 the fold's send, 1 + k what level k of the reduce-scatter gave away, then the
-  // all-gather's and the unfold's sends (read only from then on; waited for at the end).
-  SendLedger sends(levels + 2);
-  const std::size_t fold = 0, late = levels + 1;
-  auto send_all = [&](Rank to, std::uint64_t t, std::span<float> range, std::size_t region) {
-    for_segments(range, seg,
-                 [&](std::span<float> part) { sends.send(comm_, to, t, part, region); });
-  };
-  auto receive_all = [&](Rank from, std::uint64_t t, std::span<float> range, bool add) {
-    for_segments(range, seg, [&](std::span<float> part) {
-      const bool ok = add ? recv_add_floats(comm_, from, t, part, timeout)
-                          : recv_floats(comm_, from, t, part, timeout);
-      if (!ok) silent_peer(from, timeout);
-    });
-  };
-  // The fold, as in recursive doubling.
-  Rank vrank = 0;
-  if (r < 2 * rem) {
-    if (r % 2 == 0) {
-      send_all(r + 1, tag, data, fold);
-      sends.wait(fold, timeout);
-      receive_all(r + 1, tag + 2, data, false);
-      return;
-    }
-    receive_all(r - 1, tag, data, true);
-    vrank = r / 2;
-  } else {
-    vrank = r - rem;
-  }
-  auto real = [&](Rank v) { return v < rem ? 2 * v + 1 : v + rem; };
+  // Regions: 0 the fold's sends, 1 + k what level k of the reduce-scatter gave away, then the
+  // all-gather's sends (read only from then on; waited for at the end).
+  Segmented io(comm_, options_, levels + 2);
+  const std::size_t late = levels + 1;
+  const std::optional<Rank> vrank = io.fold(data, tag);
+  if (!vrank) return;
   // Reduce-scatter by recursive halving: at level k (mask p/2, p/4, .., 1) the partners hold
   // the same range; the lower rank keeps its lower half. Partners split a range alike.
   struct Level {
@@ -293,10 +292,10 @@ void AllReducer::halving_doubling(std::span<float> data, std::uint64_t tag) {
   std::vector<Level> path;
   std::size_t lo = 0, hi = data.size();
   for (Rank mask = p / 2; mask >= 1; mask >>= 1) {
-    const Level l{real(vrank ^ mask), lo, lo + (hi - lo) / 2, hi, (vrank & mask) == 0};
+    const Level l{io.real(*vrank ^ mask), lo, lo + (hi - lo) / 2, hi, (*vrank & mask) == 0};
     const auto low = data.subspan(l.lo, l.mid - l.lo), high = data.subspan(l.mid, l.hi - l.mid);
-    send_all(l.partner, tag + 1, l.keep_low ? high : low, 1 + path.size());
-    receive_all(l.partner, tag + 1, l.keep_low ? low : high, true);
+    io.send_all(l.partner, tag + 1, l.keep_low ? high : low, 1 + path.size());
+    io.receive_all(l.partner, tag + 1, l.keep_low ? low : high, true);
     std::tie(lo, hi) = l.keep_low ? std::pair{l.lo, l.mid} : std::pair{l.mid, l.hi};
     path.push_back(l);
   }
@@ -305,12 +304,11 @@ void AllReducer::halving_doubling(std::span<float> data, std::uint64_t tag) {
   for (std::size_t k = path.size(); k-- > 0;) {
     const Level& l = path[k];
     const auto low = data.subspan(l.lo, l.mid - l.lo), high = data.subspan(l.mid, l.hi - l.mid);
-    send_all(l.partner, tag + 1, l.keep_low ? low : high, late);
-    sends.wait(1 + k, timeout);
-    receive_all(l.partner, tag + 1, l.keep_low ? high : low, false);
+    io.send_all(l.partner, tag + 1, l.keep_low ? low : high, late);
+    io.wait(1 + k);
+    io.receive_all(l.partner, tag + 1, l.keep_low ? high : low, false);
   }
-  if (r < 2 * rem) send_all(r - 1, tag + 2, data, late);  // unfold
-  sends.wait(SendLedger::kAll, timeout);
+  io.unfold(data, tag);
 }
 
 double allreduce_bus_bandwidth_gbps(std::size_t bytes, double seconds, Rank n) {
