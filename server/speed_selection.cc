@@ -29,10 +29,14 @@ std::vector<std::size_t> speed_aware_selection(std::span<const SelectionCandidat
     const double u = std::max(unit(rng), 1e-300);
     keys.emplace_back(std::log(u) / fairness_weight(candidates[i], k, n), i);
   }
-  std::sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first > b.first : a.second < b.second;
-  });
   const std::size_t most = std::min(std::max(cap, k), n), least = std::min(k, n);
+  // Only the first `most` keys can be taken: order those (the same order as a full sort, whose
+  // comparison is a strict total order), O(n log most) for a large pool.
+  std::partial_sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(most), keys.end(),
+                    [](const auto& a, const auto& b) {
+                      return a.first != b.first ? a.first > b.first : a.second < b.second;
+                    });
+  keys.resize(most);
   std::vector<std::size_t> out;
   double expected = 0;
   for (const auto& [key, i] : keys) {
