@@ -49,6 +49,12 @@ void check_clients(std::size_t n_items, std::size_t n_clients, std::string_view 
   }
 }
 
+// sample:M has no stored form: its rows are computed per client (ClientRows).
+[[noreturn]] void no_stored_partition(const PartitionSpec& spec) {
+  throw ConfigError("data.partition = " + spec.to_string() +
+                    " has no stored partition: it is cohort-sim's (ClientRows)");
+}
+
 std::vector<std::uint32_t> iota_indices(std::size_t n) {
   std::vector<std::uint32_t> v(n);
   std::iota(v.begin(), v.end(), std::uint32_t{0});
@@ -347,9 +353,7 @@ Partition make_partition(const PartitionSpec& spec, std::span<const std::int32_t
                          std::size_t n_clients, std::uint64_t seed) {
   Partition out;
   switch (spec.kind) {
-    case PartitionKind::kSample:
-      throw ConfigError("data.partition = " + spec.to_string() +
-                        " has no stored partition: it is cohort-sim's (ClientRows)");
+    case PartitionKind::kSample: no_stored_partition(spec);
     case PartitionKind::kIid: out = partition_iid(labels.size(), n_clients, seed); break;
     case PartitionKind::kShards:
       out = partition_shards(labels, n_clients, static_cast<std::size_t>(spec.shards_per_client),
@@ -399,9 +403,7 @@ Partition make_partition(const PartitionSpec& spec, const Dataset& data, std::si
     case PartitionKind::kQuantity:
       out = partition_quantity(data.size(), n_clients, spec.beta, seed);
       break;
-    case PartitionKind::kSample:
-      throw ConfigError("data.partition = " + spec.to_string() +
-                        " has no stored partition: it is cohort-sim's (ClientRows)");
+    case PartitionKind::kSample: no_stored_partition(spec);
     case PartitionKind::kShards:
     case PartitionKind::kDirichlet:
       throw ConfigError("data.partition = " + spec.to_string() +

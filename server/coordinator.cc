@@ -35,10 +35,10 @@ Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out
       clock_(clock),
       metrics_(metrics),
       rng_(options.round.seed),
+      population_(std::move(population)),
       report_(clock, metrics, options.modes.mode == transport::TrainingMode::kBuffered,
               rounds_of(options), options.dp.noise_multiplier, options.dp.delta,
-              options.train.regression),
-      population_(std::move(population)) {
+              options.train.regression) {
   const RoundOptions& r = options.round;
   shards_.resize(options.node.shards);
   shards_[0] = {.up = true, .url = url, .node_id = name, .closed = true};

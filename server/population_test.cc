@@ -259,7 +259,7 @@ TEST_CASE("population pool: uniform draws equal the list sampler's; weights pick
   CHECK(first[2] < 40);
   CHECK(pool.sample(4, true, rng).size() == 4);  // without replacement: all of them
   pool.set_present(1, false);
-  for (int t = 0; t < 200; ++t) CHECK(pool.sample(3, true, rng) != std::vector<std::uint32_t>{});
+  for (int t = 0; t < 200; ++t) CHECK_FALSE(pool.sample(3, true, rng).empty());
   CHECK(pool.present() == 3);
   CHECK(pool.kth_present(1) == 2);
 }

@@ -56,7 +56,16 @@ void ShardCore::serve_pull(const Message& m, const transport::Pull& p, std::uint
                                 .version = version,
                                 .encoding = transport::Encoding::kDenseF32,
                                 .batch_size = batch_size};
-  if (!pull_snapshot_) pull_snapshot_ = std::make_shared<const FloatBuffer>(params_.span());
+  if (!snapshot_current_) {
+    // Only this shard hands out copies of the pointer: a count of one means no send reads it.
+    if (pull_snapshot_ && pull_snapshot_.use_count() == 1 &&
+        pull_snapshot_->size() == params_.size()) {
+      std::copy(params_.begin(), params_.end(), pull_snapshot_->begin());
+    } else {
+      pull_snapshot_ = std::make_shared<FloatBuffer>(params_.span());
+    }
+    snapshot_current_ = true;
+  }
   const auto slice = std::span<const float>(pull_snapshot_->data(), size())
                          .subspan(p.begin - begin, p.end - p.begin);
   out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), pull_snapshot_});

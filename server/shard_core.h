@@ -72,11 +72,11 @@ struct ShardCore {
   // the snapshot that pulls are served from.
   [[nodiscard]] const FloatBuffer& params() const { return params_; }
   std::span<float> writable_params() {
-    pull_snapshot_.reset();
+    snapshot_current_ = false;
     return params_.span();
   }
   void set_params(FloatBuffer p) {
-    pull_snapshot_.reset();
+    snapshot_current_ = false;
     params_ = std::move(p);
   }
   std::uint64_t version = 0;
@@ -95,8 +95,10 @@ struct ShardCore {
   FloatBuffer params_;
   // The parameters as pulls see them until they change: the first pull after a change copies
   // them, and every pull is sent from the copy without another (the transport keeps it alive
-  // while it sends), so a version costs one copy however many clients pull it.
-  std::shared_ptr<const FloatBuffer> pull_snapshot_;
+  // while it sends), so a version costs one copy however many clients pull it. The copy is
+  // rewritten in place when the transport holds it no more, else a new one is made.
+  std::shared_ptr<FloatBuffer> pull_snapshot_;
+  bool snapshot_current_ = false;
 };
 
 // One mode's handling of pulls, pushes and the two phases of a close. The Shard does what every
