@@ -21,7 +21,17 @@ function(cohort_add_tests name)
   target_link_libraries(${name} PRIVATE ${ARG_LINK} doctest::doctest cohort::warnings cohort::options)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
-  add_test(NAME ${name} COMMAND ${name})
+  # A sanitizer build leaves out the test cases in doctest's test suite "long": whole runs kept
+  # for their learning outcome (an accuracy after several rounds) or for a deadline they wait out,
+  # whose code paths shorter cases run under the sanitizers too. The Release pass runs them. Its
+  # test files compile at -O1 (ASan's advice), the libraries they test at the build's level: test
+  # bodies are not where the time goes, and they are half of the sanitizer build.
+  set(args)
+  if(COHORT_SANITIZE)
+    set(args --test-suite-exclude=long)
+    target_compile_options(${name} PRIVATE -O1)
+  endif()
+  add_test(NAME ${name} COMMAND ${name} ${args})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
     SKIP_RETURN_CODE 77)
   # Collected into the target cohort_unprivileged_tests (top-level CMakeLists.txt).

@@ -28,9 +28,11 @@ examples/custom_trainer/run.sh --prefix build/install --build build/custom_train
 
 if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # The test suite again under AddressSanitizer + UBSan: every unit, integration, process and
-  # fault test but the network-namespace ones (root) and the benchmark smoke runs, which run in
-  # the Release pass above. -g1 (line tables only) is all a sanitizer report needs, and compiles
-  # and links much faster.
+  # fault test but the network-namespace ones (root), the benchmark smoke runs and the long runs
+  # (label long, and the test cases in doctest's suite "long": whole runs kept for their learning
+  # outcome or a deadline they wait out, whose code paths shorter cases cover), which run in the
+  # Release pass above. -g1 (line tables only) is all a sanitizer report needs, and compiles and
+  # links much faster; the test files compile at -O1 (cmake/CohortHelpers.cmake).
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DCOHORT_SANITIZE=address,undefined -DCOHORT_BUILD_BENCH=ON
@@ -39,7 +41,7 @@ if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # (a quarter of this build on 2 cores).
   cmake --build build-asan -j "$jobs" --target cohort_unprivileged_tests
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --timeout 900 -j 1 -LE 'root|bench'
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -j 1 -LE 'root|bench|long'
 fi
 
 if [ "${COHORT_TEST_SKIP_TSAN:-0}" != "1" ]; then

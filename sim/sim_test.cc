@@ -174,7 +174,8 @@ std::vector<json> run_shortened_example(const test::TempDir& dir, const char* ex
   return records(dir.path() / "sim.jsonl", "sim_round");
 }
 
-TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator") {
+TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator"
+          * doctest::test_suite("long")) {
   test::TempDir dir;
   const auto rounds = run_shortened_example(dir, "sim/own_cnn.toml");
   REQUIRE(rounds.size() == 3);
@@ -182,7 +183,8 @@ TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator")
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.5);
 }
 
-TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator") {
+TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator"
+          * doctest::test_suite("long")) {
   // Residual blocks (one with a projection shortcut), batchnorm and global average pooling; the
   // server evaluates with the averaged running statistics.
   test::TempDir dir;

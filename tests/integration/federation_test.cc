@@ -41,7 +41,8 @@ TEST_CASE("2 shards + 4 clients, 3 rounds over TLS: test accuracy rises") {
   for (auto& c : f.clients) CHECK(c.wait_for(20s) == 0);
 }
 
-TEST_CASE("kill -9 of one client mid-round: the round closes at its deadline with the others") {
+TEST_CASE("kill -9 of one client mid-round: the round closes at its deadline with the others"
+          * doctest::test_suite("long")) {
   // The deadline must leave the two live clients time for their three epochs: several times
   // longer under AddressSanitizer.
 #if defined(__SANITIZE_ADDRESS__)
@@ -73,7 +74,8 @@ TEST_CASE("kill -9 of one client mid-round: the round closes at its deadline wit
   CHECK(rounds[0]["round_seconds"].get<double>() >= kDeadlineMs / 1000.0 - 1.0);  // at the deadline
 }
 
-TEST_CASE("kill -9 of shard 1 mid-training, then restart: it resumes from its checkpoint") {
+TEST_CASE("kill -9 of shard 1 mid-training, then restart: it resumes from its checkpoint"
+          * doctest::test_suite("long")) {
   Federation f(2, 2, {"--server.rounds=6", "--server.clients_per_round=2", "--server.min_clients=2",
                       "--server.round_deadline_ms=30000", "--train.epochs=1", "--train.batch_size=64"});
   f.start();

@@ -32,7 +32,8 @@ std::uint64_t program_bytes() {
 
 }  // namespace
 
-TEST_CASE("a client under client.memory_budget trains in micro-batches within its budget") {
+TEST_CASE("a client under client.memory_budget trains in micro-batches within its budget"
+          * doctest::test_suite("long")) {
   constexpr std::uint64_t kBudget = 40 * kMiB;
   Federation f(1, 2,
                {"--model.spec=cnn:2conv", "--server.rounds=2", "--server.clients_per_round=2",
