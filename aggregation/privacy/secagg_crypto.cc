@@ -53,6 +53,39 @@ Pkey private_pkey(const secagg::Key& k) {
 
 constexpr char kHkdfSalt[] = "cohort-secagg-v1";
 
+// An AES-256-CTR context whose next output byte is keystream byte 4 first_word. OpenSSL's CTR
+// increments the whole 16-byte IV as a big-endian number, so the keystream of IV 0 at block b is
+// the keystream of IV b at block 0; the words before first_word inside that block are produced
+// into a scratch block and dropped (the context keeps its place within the block).
+CipherCtx ctr_at(const secagg::Key& key, std::size_t first_word) {
+  std::uint8_t iv[16] = {};
+  std::uint64_t block = first_word / 4;
+  for (int i = 15; i >= 8; --i, block >>= 8) iv[i] = static_cast<std::uint8_t>(block & 0xff);
+  CipherCtx ctx(EVP_CIPHER_CTX_new());
+  if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_ctr(), nullptr, key.data(), iv) != 1) {
+    fail("AES-256-CTR init");
+  }
+  if (const int skip = static_cast<int>(first_word % 4) * 4; skip > 0) {
+    std::uint8_t scratch[16] = {};
+    int len = 0;
+    if (EVP_EncryptUpdate(ctx.get(), scratch, &len, scratch, skip) != 1) fail("AES-256-CTR");
+  }
+  return ctx;
+}
+
+// out = the next out.size() keystream bytes of ctx (int-sized pieces).
+void next_keystream(EVP_CIPHER_CTX* ctx, std::span<std::uint8_t> out) {
+  std::memset(out.data(), 0, out.size());
+  constexpr std::size_t kPiece = std::size_t{1} << 30;
+  for (std::size_t at = 0; at < out.size(); at += kPiece) {
+    const int n = static_cast<int>(std::min(kPiece, out.size() - at));
+    int len = 0;
+    if (EVP_EncryptUpdate(ctx, out.data() + at, &len, out.data() + at, n) != 1) {
+      fail("AES-256-CTR");
+    }
+  }
+}
+
 }  // namespace
 
 std::uint64_t secure_random_seed() {
@@ -125,34 +158,31 @@ Key agree(const Key& private_key, const Key& peer_public, std::string_view conte
   return out;
 }
 
-void expand_mask(const Key& seed, std::span<std::uint32_t> out) {
-  std::memset(out.data(), 0, out.size_bytes());
-  detail::keystream(seed, {reinterpret_cast<std::uint8_t*>(out.data()), out.size_bytes()});
+void expand_mask(const Key& seed, std::span<std::uint32_t> out) { expand_mask(seed, 0, out); }
+
+void add_mask(const Key& seed, int sign, std::span<std::uint32_t> y) { add_mask(seed, sign, 0, y); }
+
+void expand_mask(const Key& seed, std::size_t first_word, std::span<std::uint32_t> out) {
+  CipherCtx ctx = ctr_at(seed, first_word);
+  next_keystream(ctx.get(), {reinterpret_cast<std::uint8_t*>(out.data()), out.size_bytes()});
 }
 
-void add_mask(const Key& seed, int sign, std::span<std::uint32_t> y) {
+void add_mask(const Key& seed, int sign, std::size_t first_word, std::span<std::uint32_t> y) {
   COHORT_CHECK(sign == 1 || sign == -1) << "mask sign " << sign;
-  constexpr std::size_t kBlock = 4096;  // words per keystream piece
-  std::vector<std::uint32_t> mask(std::min(kBlock, y.size()));
-  CipherCtx ctx(EVP_CIPHER_CTX_new());
-  const std::uint8_t iv[16] = {};
-  if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_ctr(), nullptr, seed.data(), iv) != 1) {
-    fail("AES-256-CTR init");
-  }
-  for (std::size_t at = 0; at < y.size(); at += kBlock) {
-    const std::size_t n = std::min(kBlock, y.size() - at);
-    std::memset(mask.data(), 0, n * 4);
-    int len = 0;
-    auto* bytes = reinterpret_cast<unsigned char*>(mask.data());
-    if (EVP_EncryptUpdate(ctx.get(), bytes, &len, bytes, static_cast<int>(n * 4)) != 1) {
-      fail("AES-256-CTR");
-    }
+  // 4096 words (16 KiB) per keystream piece: stays in L1 between the AES and the add.
+  constexpr std::size_t kPiece = 4096;
+  std::array<std::uint32_t, kPiece> mask;
+  CipherCtx ctx = ctr_at(seed, first_word);
+  for (std::size_t at = 0; at < y.size(); at += kPiece) {
+    const std::size_t n = std::min(kPiece, y.size() - at);
+    next_keystream(ctx.get(), {reinterpret_cast<std::uint8_t*>(mask.data()), n * 4});
     if (sign > 0) {
       for (std::size_t i = 0; i < n; ++i) y[at + i] += mask[i];
     } else {
       for (std::size_t i = 0; i < n; ++i) y[at + i] -= mask[i];
     }
   }
+  OPENSSL_cleanse(mask.data(), sizeof(mask));
 }
 
 namespace detail {
@@ -161,21 +191,11 @@ void random_bytes(std::span<std::uint8_t> out) {
   if (RAND_bytes(out.data(), static_cast<int>(out.size())) != 1) fail("RAND_bytes");
 }
 
+void wipe(void* p, std::size_t n) { OPENSSL_cleanse(p, n); }
+
 void keystream(const Key& key, std::span<std::uint8_t> out) {
-  CipherCtx ctx(EVP_CIPHER_CTX_new());
-  const std::uint8_t iv[16] = {};
-  if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_ctr(), nullptr, key.data(), iv) != 1) {
-    fail("AES-256-CTR init");
-  }
-  std::memset(out.data(), 0, out.size());
-  constexpr std::size_t kBlock = std::size_t{1} << 30;  // int lengths
-  for (std::size_t at = 0; at < out.size(); at += kBlock) {
-    const int n = static_cast<int>(std::min(kBlock, out.size() - at));
-    int len = 0;
-    if (EVP_EncryptUpdate(ctx.get(), out.data() + at, &len, out.data() + at, n) != 1) {
-      fail("AES-256-CTR");
-    }
-  }
+  CipherCtx ctx = ctr_at(key, 0);
+  next_keystream(ctx.get(), out);
 }
 
 std::vector<std::uint8_t> seal(const Key& key, std::span<const std::uint8_t, 12> nonce,

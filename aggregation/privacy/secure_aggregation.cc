@@ -1,8 +1,6 @@
 // Secure aggregation rounds R0-R4 (docs/ALGORITHMS.md 8.1) and the fixed-point encoding (8.2).
 #include "cohort/aggregation/secure_aggregation.h"
 
-#include <openssl/crypto.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,15 +10,14 @@
 #include "cohort/core/error.h"
 #include "cohort/core/random.h"
 #include "secagg_crypto.h"
+#include "secagg_graph.h"
 
 namespace cohort::aggregation::secagg {
 namespace {
 
-std::string context(const char* what, std::uint64_t round) {
-  return std::string("cohort-secagg ") + what + " round=" + std::to_string(round);
-}
-
-std::uint64_t point_of(ClientId id) { return static_cast<std::uint64_t>(id) + 1; }
+using detail::round_context;
+using detail::wipe;
+std::uint64_t point_of(ClientId id) { return detail::share_point(id); }
 
 // Nonce and associated data of the sealed shares from -> to: the key is shared by both
 // directions of a pair, the (from, to) nonce keeps them apart.
@@ -66,8 +63,6 @@ Share get_share(std::span<const std::uint8_t> in, std::size_t& at) {
   }
   return s;
 }
-
-void wipe(void* p, std::size_t n) { OPENSSL_cleanse(p, n); }
 
 }  // namespace
 
@@ -123,6 +118,10 @@ void FixedPoint::decode_sum(std::span<const std::uint32_t> sum, std::size_t n,
 
 Client::Client(ClientId id, const Params& params) : id_(id), params_(params) {
   if (params.threshold < 2) throw ConfigError("secagg: threshold must be >= 2");
+  if (params.degree != 0 && params.degree < params.threshold) {
+    throw ConfigError("secagg: degree " + std::to_string(params.degree) + " below the threshold " +
+                      std::to_string(params.threshold));
+  }
   channel_ = generate_key_pair();
   mask_ = generate_key_pair();
   detail::random_bytes(self_seed_);
@@ -136,6 +135,13 @@ Client::~Client() {
     wipe(h.mask_key.y.data(), h.mask_key.y.size() * 8);
     wipe(h.self_mask.y.data(), h.self_mask.y.size() * 8);
   }
+  for (auto& p : pair_seeds_) wipe(p.seed.data(), p.seed.size());
+}
+
+void Client::set_keys_for_testing(const KeyPair& channel, const KeyPair& mask) {
+  COHORT_CHECK(u1_.empty()) << "keys are set before share_keys()";
+  channel_ = channel;
+  mask_ = mask;
 }
 
 Advertisement Client::advertise() const { return {id_, channel_.public_key, mask_.public_key}; }
@@ -154,54 +160,63 @@ std::vector<SealedShares> Client::share_keys(std::span<const Advertisement> u1) 
       own->second.mask_public != mask_.public_key) {
     throw ProtocolError("secure aggregation: own advertisement missing or altered");
   }
-  if (members.size() < params_.threshold) {
-    throw ProtocolError("secure aggregation: " + std::to_string(members.size()) +
-                        " clients, fewer than the threshold " + std::to_string(params_.threshold));
-  }
+  std::vector<ClientId> ids;
+  for (const auto& [v, a] : members) ids.push_back(v);
+  const detail::Graph graph(ids, params_.degree, params_.graph_seed);
+  auto neighbours = graph.neighbours(id_);
+  // The share holders: this client and its neighbours, sorted.
+  std::vector<ClientId> holders = neighbours;
+  holders.insert(std::upper_bound(holders.begin(), holders.end(), id_), id_);
   std::vector<std::uint64_t> xs;
-  for (const auto& [v, a] : members) xs.push_back(point_of(v));
+  for (ClientId v : holders) xs.push_back(point_of(v));
+  if (xs.size() < params_.threshold) {
+    throw ProtocolError("secure aggregation: " + std::to_string(xs.size()) +
+                        " clients would hold shares, fewer than the threshold " +
+                        std::to_string(params_.threshold));
+  }
   auto key_shares = shamir_split(mask_.private_key, params_.threshold, xs);
   auto seed_shares = shamir_split(self_seed_, params_.threshold, xs);
   u1_ = std::move(members);
+  neighbours_ = std::move(neighbours);
   std::vector<SealedShares> out;
-  std::size_t i = 0;
-  for (const auto& [v, a] : u1_) {
+  for (std::size_t i = 0; i < holders.size(); ++i) {
+    const ClientId v = holders[i];
     if (v == id_) {
       held_[id_] = {std::move(key_shares[i]), std::move(seed_shares[i])};
-    } else {
-      std::vector<std::uint8_t> plain;
-      put_u64(plain, (static_cast<std::uint64_t>(id_) << 32) | v);
-      put_u64(plain, params_.round);
-      put_share(plain, key_shares[i]);
-      put_share(plain, seed_shares[i]);
-      const Key key =
-          agree(channel_.private_key, a.channel_public, context("shares", params_.round));
-      const auto nonce = nonce_of(id_, v);
-      const auto aad = aad_of(params_.round, id_, v);
-      out.push_back({id_, v, detail::seal(key, nonce, aad, plain)});
-      wipe(plain.data(), plain.size());
-      wipe(key_shares[i].y.data(), key_shares[i].y.size() * 8);
-      wipe(seed_shares[i].y.data(), seed_shares[i].y.size() * 8);
+      continue;
     }
-    ++i;
+    std::vector<std::uint8_t> plain;
+    put_u64(plain, (static_cast<std::uint64_t>(id_) << 32) | v);
+    put_u64(plain, params_.round);
+    put_share(plain, key_shares[i]);
+    put_share(plain, seed_shares[i]);
+    const Key key = agree(channel_.private_key, u1_.at(v).channel_public,
+                          round_context("shares", params_.round));
+    const auto nonce = nonce_of(id_, v);
+    const auto aad = aad_of(params_.round, id_, v);
+    out.push_back({id_, v, detail::seal(key, nonce, aad, plain)});
+    wipe(plain.data(), plain.size());
+    wipe(key_shares[i].y.data(), key_shares[i].y.size() * 8);
+    wipe(seed_shares[i].y.data(), seed_shares[i].y.size() * 8);
   }
   return out;
 }
 
-std::vector<std::uint32_t> Client::masked_input(std::span<const std::uint32_t> x,
-                                                std::span<const SealedShares> received) {
-  COHORT_CHECK(!u1_.empty() && u2_.empty()) << "masked_input() runs once, after share_keys()";
-  COHORT_CHECK(x.size() == params_.vector_size)
-      << "input of " << x.size() << ", round of " << params_.vector_size;
+void Client::open_shares(std::span<const SealedShares> received) {
+  COHORT_CHECK(!u1_.empty() && u2_.empty()) << "open_shares() runs once, after share_keys()";
   for (const auto& s : received) {
     if (s.to != id_) throw ProtocolError("secure aggregation: shares addressed to another client");
     auto it = u1_.find(s.from);
     if (it == u1_.end() || s.from == id_) {
       throw ProtocolError("secure aggregation: shares from outside U1");
     }
+    if (!std::binary_search(neighbours_.begin(), neighbours_.end(), s.from)) {
+      throw ProtocolError("secure aggregation: shares from client " + std::to_string(s.from) +
+                          ", not a neighbour of client " + std::to_string(id_));
+    }
     if (held_.contains(s.from)) throw ProtocolError("secure aggregation: repeated shares");
-    const Key key =
-        agree(channel_.private_key, it->second.channel_public, context("shares", params_.round));
+    const Key key = agree(channel_.private_key, it->second.channel_public,
+                          round_context("shares", params_.round));
     const auto nonce = nonce_of(s.from, id_);
     const auto aad = aad_of(params_.round, s.from, id_);
     auto plain = detail::open(key, nonce, aad, s.ciphertext);
@@ -218,33 +233,60 @@ std::vector<std::uint32_t> Client::masked_input(std::span<const std::uint32_t> x
     }
     held_[s.from] = std::move(h);
   }
-  for (const auto& [v, h] : held_) u2_.push_back(v);  // map order: sorted, own id included
-  if (u2_.size() < params_.threshold) {
-    throw ProtocolError("secure aggregation: only " + std::to_string(u2_.size()) +
+  std::vector<ClientId> u2;
+  for (const auto& [v, h] : held_) u2.push_back(v);  // map order: sorted, own id included
+  if (u2.size() < params_.threshold) {
+    throw ProtocolError("secure aggregation: only " + std::to_string(u2.size()) +
                         " clients shared keys, fewer than the threshold");
   }
-  std::vector<std::uint32_t> y(x.begin(), x.end());
-  add_mask(self_seed_, +1, y);
-  const auto ctx = context("mask", params_.round);
+  u2_ = std::move(u2);
+  const auto ctx = round_context("mask", params_.round);
   for (ClientId v : u2_) {
     if (v == id_) continue;
-    Key s_uv = agree(mask_.private_key, u1_.at(v).mask_public, ctx);
-    add_mask(s_uv, id_ < v ? +1 : -1, y);
-    wipe(s_uv.data(), s_uv.size());
+    pair_seeds_.push_back({agree(mask_.private_key, u1_.at(v).mask_public, ctx), id_ < v ? 1 : -1});
   }
+}
+
+void Client::mask_range(std::size_t first_word, std::span<std::uint32_t> x_range) const {
+  COHORT_CHECK(!u2_.empty()) << "mask_range() runs after open_shares()";
+  COHORT_CHECK(first_word <= params_.vector_size &&
+               x_range.size() <= params_.vector_size - first_word)
+      << "range [" << first_word << ", +" << x_range.size() << ") outside the round's "
+      << params_.vector_size << " words";
+  add_mask(self_seed_, +1, first_word, x_range);
+  for (const auto& p : pair_seeds_) add_mask(p.seed, p.sign, first_word, x_range);
+}
+
+std::vector<std::uint32_t> Client::masked_input(std::span<const std::uint32_t> x,
+                                                std::span<const SealedShares> received) {
+  COHORT_CHECK(!u1_.empty() && u2_.empty()) << "masked_input() runs once, after share_keys()";
+  COHORT_CHECK(x.size() == params_.vector_size)
+      << "input of " << x.size() << ", round of " << params_.vector_size;
+  open_shares(received);
+  std::vector<std::uint32_t> y(x.begin(), x.end());
+  mask_range(0, y);
   return y;
 }
 
 UnmaskingShares Client::unmask(std::span<const ClientId> survivors) const {
   COHORT_CHECK(!u2_.empty()) << "unmask() runs after masked_input()";
   const std::set<ClientId> u3(survivors.begin(), survivors.end());
+  std::size_t holders_alive = 0;  // this client and its neighbours in U3
   for (ClientId v : u3) {
+    if (!u1_.contains(v)) {
+      throw ProtocolError("secure aggregation: survivor " + std::to_string(v) + " not in U1");
+    }
+    const bool holder = v == id_ || std::binary_search(neighbours_.begin(), neighbours_.end(), v);
+    if (!holder) continue;  // outside this client's neighbourhood: nothing to check or reveal
     if (!std::binary_search(u2_.begin(), u2_.end(), v)) {
       throw ProtocolError("secure aggregation: survivor " + std::to_string(v) + " not in U2");
     }
+    ++holders_alive;
   }
-  if (u3.size() < params_.threshold) {
-    throw ProtocolError("secure aggregation: fewer survivors than the threshold");
+  if (holders_alive < params_.threshold) {
+    throw ProtocolError("secure aggregation: " + std::to_string(holders_alive) +
+                        " survivors among client " + std::to_string(id_) +
+                        " and its neighbours, fewer than the threshold");
   }
   if (!u3.contains(id_)) {
     throw ProtocolError("secure aggregation: this client was declared dropped; it reveals nothing");
@@ -261,79 +303,6 @@ UnmaskingShares Client::unmask(std::span<const ClientId> survivors) const {
     }
   }
   return out;
-}
-
-// ---- server -----------------------------------------------------------------------------------
-
-std::vector<std::uint32_t> unmask_sum(const Params& params, std::span<const Advertisement> u2,
-                                      const std::map<ClientId, std::vector<std::uint32_t>>& masked,
-                                      std::span<const UnmaskingShares> responses) {
-  std::map<ClientId, const Advertisement*> members;
-  for (const auto& a : u2) {
-    if (!members.emplace(a.client, &a).second)
-      throw ProtocolError("secure aggregation: repeated U2 member");
-  }
-  if (masked.size() < params.threshold) {
-    throw ProtocolError("secure aggregation: fewer survivors than the threshold");
-  }
-  std::vector<std::uint32_t> z(params.vector_size, 0);
-  for (const auto& [u, y] : masked) {
-    if (!members.contains(u)) throw ProtocolError("secure aggregation: input from outside U2");
-    if (y.size() != params.vector_size) throw ProtocolError("secure aggregation: input size");
-    for (std::size_t i = 0; i < z.size(); ++i) z[i] += y[i];
-  }
-  // Shares by the client they belong to, at most one per responder (a survivor).
-  std::map<ClientId, std::vector<Share>> self_shares, key_shares;
-  std::set<ClientId> responded;
-  for (const auto& r : responses) {
-    if (!masked.contains(r.from) || !responded.insert(r.from).second) continue;
-    for (const auto& [v, s] : r.self_mask) {
-      if (s.x == point_of(r.from) && masked.contains(v)) self_shares[v].push_back(s);
-    }
-    for (const auto& [v, s] : r.mask_key) {
-      if (s.x == point_of(r.from) && members.contains(v) && !masked.contains(v)) {
-        key_shares[v].push_back(s);
-      }
-    }
-  }
-  auto first_t = [&](std::vector<Share>& shares, ClientId v) {
-    if (shares.size() < params.threshold) {
-      throw ProtocolError("secure aggregation: " + std::to_string(shares.size()) +
-                          " shares for client " + std::to_string(v) + ", threshold " +
-                          std::to_string(params.threshold));
-    }
-    return std::span<const Share>(shares).first(params.threshold);
-  };
-  // Survivors: remove PRG(b_u).
-  for (const auto& [u, y] : masked) {
-    auto secret = shamir_combine(first_t(self_shares[u], u), 32);
-    Key b{};
-    std::memcpy(b.data(), secret.data(), 32);
-    add_mask(b, -1, z);
-    wipe(b.data(), 32);
-    wipe(secret.data(), secret.size());
-  }
-  // Dropped after sharing: rebuild their mask key, remove the pairwise masks survivors added.
-  const auto ctx = context("mask", params.round);
-  for (const auto& [v, adv] : members) {
-    if (masked.contains(v)) continue;
-    auto secret = shamir_combine(first_t(key_shares[v], v), 32);
-    Key sk{};
-    std::memcpy(sk.data(), secret.data(), 32);
-    wipe(secret.data(), secret.size());
-    if (public_key_of(sk) != adv->mask_public) {
-      wipe(sk.data(), 32);
-      throw ProtocolError("secure aggregation: shares of client " + std::to_string(v) +
-                          " rebuild a key that does not match its advertisement");
-    }
-    for (const auto& [u, y] : masked) {
-      Key s_uv = agree(sk, members.at(u)->mask_public, ctx);
-      add_mask(s_uv, u < v ? -1 : +1, z);  // u added +PRG when u < v
-      wipe(s_uv.data(), 32);
-    }
-    wipe(sk.data(), 32);
-  }
-  return z;
 }
 
 }  // namespace cohort::aggregation::secagg
