@@ -75,6 +75,7 @@ CipherCtx ctr_at(const secagg::Key& key, std::size_t first_word) {
 
 // out = the next out.size() keystream bytes of ctx (int-sized pieces).
 void next_keystream(EVP_CIPHER_CTX* ctx, std::span<std::uint8_t> out) {
+  if (out.empty()) return;  // an empty span's data() may be null: no memset
   std::memset(out.data(), 0, out.size());
   constexpr std::size_t kPiece = std::size_t{1} << 30;
   for (std::size_t at = 0; at < out.size(); at += kPiece) {
