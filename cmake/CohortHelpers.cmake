@@ -21,15 +21,17 @@ function(cohort_add_tests name)
   target_link_libraries(${name} PRIVATE ${ARG_LINK} doctest::doctest cohort::warnings cohort::options)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
+  # Test files compile at -O1 in optimised builds, the libraries they test at the build's level:
+  # a test's time goes into the code it tests, and its own files are half of a build.
+  if(NOT CMAKE_BUILD_TYPE STREQUAL "Debug")
+    target_compile_options(${name} PRIVATE -O1)
+  endif()
   # A sanitizer build leaves out the test cases in doctest's test suite "long": whole runs kept
   # for their learning outcome (an accuracy after several rounds) or for a deadline they wait out,
-  # whose code paths shorter cases run under the sanitizers too. The Release pass runs them. Its
-  # test files compile at -O1 (ASan's advice), the libraries they test at the build's level: test
-  # bodies are not where the time goes, and they are half of the sanitizer build.
+  # whose code paths shorter cases run under the sanitizers too. The Release pass runs them.
   set(args)
   if(COHORT_SANITIZE)
     set(args --test-suite-exclude=long)
-    target_compile_options(${name} PRIVATE -O1)
   endif()
   add_test(NAME ${name} COMMAND ${name} ${args})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}

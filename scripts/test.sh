@@ -32,7 +32,7 @@ if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # (label long, and the test cases in doctest's suite "long": whole runs kept for their learning
   # outcome or a deadline they wait out, whose code paths shorter cases cover), which run in the
   # Release pass above. -g1 (line tables only) is all a sanitizer report needs, and compiles and
-  # links much faster; the test files compile at -O1 (cmake/CohortHelpers.cmake).
+  # links much faster.
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DCOHORT_SANITIZE=address,undefined -DCOHORT_BUILD_BENCH=ON
