@@ -166,6 +166,11 @@ struct Writer {
     auto list = r.initClients(static_cast<unsigned>(m.clients.size()));
     for (unsigned i = 0; i < m.clients.size(); ++i) list.set(i, m.clients[i]);
   }
+  void operator()(const SecAgg& m) {
+    auto r = b.initSecAgg();
+    r.setRound(m.round);
+    r.setStage(static_cast<wire::SecAggStage>(m.stage));
+  }
   void operator()(const RoundClose& m) {
     auto r = b.initRoundClose();
     r.setRound(m.round);
@@ -380,6 +385,11 @@ Body read_body(wire::Envelope::Body::Reader b) {
       return RoundClose{r.getRound(), r.getCommit(), r.getClients(), r.getPrepare()};
     }
     case wire::Envelope::Body::REPORT: return read_report(b.getReport());
+    case wire::Envelope::Body::SEC_AGG: {
+      auto r = b.getSecAgg();
+      return SecAgg{r.getRound(), checked_enum<SecAggStage>(static_cast<std::uint16_t>(r.getStage()),
+                                                            kSecAggStages, "stage")};
+    }
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");
 }
@@ -390,7 +400,8 @@ std::string_view body_name(const Body& body) {
   static constexpr std::string_view kNames[] = {"register", "welcome",    "heartbeat", "roundStart",
                                                 "pull",     "pullReply",  "push",      "pushAck",
                                                 "chunk",    "error",      "gossip",    "allreduce",
-                                                "bye",      "roundClose", "report",    "roundOpen"};
+                                                "bye",      "roundClose", "report",    "roundOpen",
+                                                "secAgg"};
   return kNames[body.index()];
 }
 

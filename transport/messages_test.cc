@@ -6,6 +6,7 @@
 #include <random>
 
 #include "cohort/core/error.h"
+#include "cohort/transport/secagg_messages.h"
 
 using namespace cohort::transport;
 
@@ -68,6 +69,7 @@ std::vector<Body> every_body() {
                    64,
                    true},
       RoundOpen{8, {"client-1", "client-7", "c00042"}},
+      SecAgg{8, SecAggStage::kUnmaskShares},
   };
 }
 
@@ -169,4 +171,59 @@ TEST_CASE("a roundOpen with more ids than a batch, or an invalid id, is a Protoc
   }
   CHECK(encode(wrap(full)).size() < kMaxEnvelopeBytes);
   CHECK(decode(encode(wrap(full))) == wrap(full));
+}
+
+namespace {
+
+SecAggData full_secagg_data() {
+  SecAggData d;
+  SecAggKey k{};
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<std::uint8_t>(i * 7 + 1);
+  d.members = {{.id = 3, .node = "client-3", .channel_key = k, .mask_key = k, .weight = 0.25},
+               {.id = 9, .node = "client-9", .channel_key = {}, .mask_key = k, .weight = 0.75}};
+  d.threshold = 7;
+  d.degree = 13;
+  d.graph_seed = k;
+  d.sealed = {{.from = 3, .to = 9, .ciphertext = {1, 2, 3, 4, 5}}};
+  d.survivors = {3, 9, 11};
+  d.self_mask = {{.owner = 3, .x = 10, .y = {1, 2, 3, 4, 5, 6, 7, 8}}};
+  d.mask_key = {{.owner = 12, .x = 4, .y = {8, 7}}};
+  d.seeds = {{.survivor = 3, .dropped = 3, .sign = 1, .seed = k},
+             {.survivor = 3, .dropped = 12, .sign = -1, .seed = k}};
+  d.vector_size = 235146;
+  d.clip = 8;
+  d.levels = 1u << 22;
+  d.total_weight = 1.0;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("secure aggregation's stage data round-trips; malformed data is a ProtocolError") {
+  const SecAggData d = full_secagg_data();
+  auto bytes = encode_secagg(d);
+  CHECK(decode_secagg(bytes) == d);
+  CHECK(decode_secagg(encode_secagg(SecAggData{})) == SecAggData{});
+  // Truncated, not whole words, or garbage: refused, never a crash.
+  CHECK_THROWS_AS(decode_secagg(std::span(bytes).first(bytes.size() - 8)), cohort::ProtocolError);
+  CHECK_THROWS_AS(decode_secagg(std::span(bytes).first(bytes.size() - 3)), cohort::ProtocolError);
+  CHECK_THROWS_AS(decode_secagg({}), cohort::ProtocolError);
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    auto noisy = bytes;
+    noisy[rng() % noisy.size()] = static_cast<std::byte>(rng());
+    try {
+      (void)decode_secagg(noisy);
+    } catch (const cohort::ProtocolError&) {
+    }
+  }
+  // A seed whose sign is not +-1 is refused.
+  SecAggData bad_sign = d;
+  bad_sign.seeds[0].sign = 0;
+  CHECK_THROWS_WITH_AS(decode_secagg(encode_secagg(bad_sign)), doctest::Contains("sign"),
+                       cohort::ProtocolError);
+  // A member whose node id is not a node id is refused.
+  SecAggData bad_node = d;
+  bad_node.members[0].node = "not a node id";
+  CHECK_THROWS_AS(decode_secagg(encode_secagg(bad_node)), cohort::ProtocolError);
 }

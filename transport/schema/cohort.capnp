@@ -41,6 +41,7 @@ struct Envelope {
     roundClose @19 :RoundClose;
     report @20 :ClientReport;
     roundOpen @22 :RoundOpen;
+    secAgg @23 :SecAgg;
   }
 
   # A reply through a multiplexed connection (one in-process socket speaking for many virtual
@@ -282,4 +283,72 @@ struct LinkSample {
   downSeconds @2 :Float32;
   upBytes @3 :UInt64;
   upSeconds @4 :Float32;
+}
+
+# Secure aggregation (server.secure_aggregation; docs/ALGORITHMS.md 8.1 and 8.2): one stage of the
+# protocol for federated round `round`, between a client and the coordinator, or the coordinator
+# and a shard. The stage's data travels in the bulk payload as a SecAggData message (its own Cap'n
+# Proto message), so that a cohort's keys and shares are not bounded by the envelope's size.
+struct SecAgg {
+  round @0 :UInt64;
+  stage @1 :SecAggStage;
+}
+
+enum SecAggStage {
+  advertise @0;     # client -> coordinator: its two public keys (R0)
+  keys @1;          # coordinator -> client: U1's keys, the graph, the threshold, the weights (R0)
+  shares @2;        # client -> coordinator: its sealed shares for its neighbours (R1)
+  forwarded @3;     # coordinator -> client: the shares the rest of U2 sealed for it (R1)
+  unmask @4;        # coordinator -> client: U3, whose masked inputs arrived (R4)
+  unmaskShares @5;  # client -> coordinator: its shares of U3's self masks and dropped keys (R4)
+  seeds @6;         # coordinator -> shard: the seeds that remove the masks (R4)
+}
+
+# One member of U1: its protocol id (the coordinator's client index), node id and public keys.
+struct SecAggMember {
+  id @0 :UInt32;
+  node @1 :Text;
+  channelKey @2 :Data;      # X25519, 32 bytes: seals the shares between two members
+  maskKey @3 :Data;         # X25519, 32 bytes: agrees the pairwise mask seeds
+  weight @4 :Float64;       # keys: the factor this member scales its update by
+}
+
+# Shares from one member for another, sealed so that only the addressee opens them.
+struct SecAggSealed {
+  from @0 :UInt32;
+  to @1 :UInt32;
+  ciphertext @2 :Data;
+}
+
+# A Shamir share of `owner`'s secret: the point x and one field element per 32-bit limb.
+struct SecAggShare {
+  owner @0 :UInt32;
+  x @1 :UInt64;
+  y @2 :List(UInt64);
+}
+
+# A mask seed the shards remove: a survivor's self mask (dropped = survivor, sign +1), or the
+# pairwise mask a survivor added with sign `sign` for a member that dropped.
+struct SecAggSeed {
+  survivor @0 :UInt32;
+  dropped @1 :UInt32;
+  sign @2 :Int8;
+  seed @3 :Data;            # 32 bytes
+}
+
+# The stage's data; each stage fills the fields its comment names.
+struct SecAggData {
+  members @0 :List(SecAggMember);   # advertise (the sender alone), keys (U1)
+  threshold @1 :UInt32;             # keys
+  degree @2 :UInt32;                # keys: 0 = every member neighbours every other (SecAgg)
+  graphSeed @3 :Data;               # keys: the SecAgg+ ring's public seed (32 bytes)
+  sealed @4 :List(SecAggSealed);    # shares, forwarded
+  survivors @5 :List(UInt32);       # unmask, seeds
+  selfMask @6 :List(SecAggShare);   # unmaskShares: shares of survivors' self-mask seeds
+  maskKey @7 :List(SecAggShare);    # unmaskShares: shares of dropped members' mask keys
+  seeds @8 :List(SecAggSeed);       # seeds
+  vectorSize @9 :UInt64;            # keys, seeds: the model's coordinates
+  clip @10 :Float64;                # keys, seeds: the fixed-point clipping range c
+  levels @11 :UInt32;               # keys, seeds: the fixed-point levels Q
+  totalWeight @12 :Float64;         # seeds: the survivors' weights summed
 }

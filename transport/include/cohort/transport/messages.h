@@ -233,9 +233,27 @@ struct ClientReport {
   bool operator==(const ClientReport&) const = default;
 };
 
+// Secure aggregation: one stage of round `round` (schema/cohort.capnp; the stage's data is a
+// SecAggData in the payload, secagg_messages.h).
+enum class SecAggStage : std::uint8_t {
+  kAdvertise,
+  kKeys,
+  kShares,
+  kForwarded,
+  kUnmask,
+  kUnmaskShares,
+  kSeeds
+};
+inline constexpr std::uint16_t kSecAggStages = 7;
+struct SecAgg {
+  std::uint64_t round = 0;
+  SecAggStage stage = SecAggStage::kAdvertise;
+  bool operator==(const SecAgg&) const = default;
+};
+
 using Body = std::variant<Register, Welcome, Heartbeat, RoundStart, Pull, PullReply, Push, PushAck,
                           ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye, RoundClose,
-                          ClientReport, RoundOpen>;
+                          ClientReport, RoundOpen, SecAgg>;
 
 // The name of a body's type as the schema spells it ("push", "pullReply", ...), for logs.
 std::string_view body_name(const Body& body);
