@@ -16,6 +16,7 @@
 #include "cohort/client/local_training.h"
 #include "cohort/client/local_work.h"
 #include "cohort/client/push_encoding.h"
+#include "cohort/client/secagg_session.h"
 #include "cohort/client/shard_client.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/clock.h"
@@ -25,6 +26,7 @@
 #include "cohort/core/thread_pool.h"
 #include "cohort/transport/config.h"
 #include "cohort/transport/endpoint.h"
+#include "cohort/transport/secagg_messages.h"
 #include "fatal_report.h"
 
 namespace cohort::client {
@@ -129,6 +131,8 @@ class Participant {
           }
           COHORT_LOG(Info) << name() << ": training finished";
           return 0;
+        } else if (auto* sa = std::get_if<transport::SecAgg>(&m->envelope.body)) {
+          on_secagg(*m, *sa);
         } else if (auto* e = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
           COHORT_LOG(Warn) << name() << ": coordinator: " << e->message;
         }
@@ -203,6 +207,7 @@ class Participant {
   }
 
   void on_welcome(const transport::Welcome& w) {
+    client_index_ = w.client_index;
     heartbeat_ = std::chrono::milliseconds(std::max<std::uint32_t>(w.heartbeat_ms, 100));
     // A new coordinator epoch: the coordinator restarted and reopens its round from scratch on
     // every shard, so a report of the old one must not count there (its update is gone).
@@ -274,6 +279,11 @@ class Participant {
     transport::ClientReport report;
     report.round = rs.round;
     report.model_version = rs.model_version;
+    // Secure aggregation: the keys and shares go round before training (R0, R1).
+    if (rs.secure_aggregation && !rs.evaluate_only && !secagg_keys(rs, deadline, report)) {
+      send_report(report);
+      return;
+    }
     // Pull every shard's range in parallel.
     auto params = work_.parameters();
     const PullOutcome pulled =
@@ -345,14 +355,24 @@ class Participant {
       send_report(report);
       return;
     }
-    const auto delta_bytes = std::as_bytes(delta_.span());
+    auto delta_bytes = std::as_bytes(delta_.span());
+    transport::Encoding dense = transport::Encoding::kDenseF32;
+    std::vector<std::uint32_t> masked;
+    if (secagg_ && secagg_->round() == rs.round) {
+      if (!secagg_mask(rs.round, deadline, seed, masked, report)) {
+        send_report(report);
+        return;
+      }
+      delta_bytes = std::as_bytes(std::span<const std::uint32_t>(masked));
+      dense = transport::Encoding::kMaskedU32;
+    }
     COHORT_LOG(Debug) << name() << ": pushing its update for round " << rs.round;
     const PushOutcome pushed = push_all(
         *links_, shards(), steady_clock(),
         {.round = rs.round,
          .num_samples = num_samples,
          .base_version = rs.model_version,
-         .encoding = transport::Encoding::kDenseF32,
+         .encoding = dense,
          .kind = transport::PushKind::kDelta,
          .train_loss = static_cast<float>(result.mean_loss),
          .local_work = static_cast<float>(fednova_local_work(options_train_, result.steps))},
@@ -363,8 +383,7 @@ class Participant {
         },
         xo,
         [&](std::size_t i) {
-          return compressor_ ? push_encoding(encoders_[i]->format())
-                             : transport::Encoding::kDenseF32;
+          return compressor_ ? push_encoding(encoders_[i]->format()) : dense;
         });
     const auto t_pushed = Clock::now();
     report.trained = pushed.accepted();
@@ -380,6 +399,121 @@ class Participant {
     report.links = merge_link_samples(pulled.links, pushed.links);
     report.round_seconds = std::chrono::duration<float>(Clock::now() - t0).count();
     send_report(report);
+  }
+
+  // Secure aggregation's R0 and R1 (secagg_session.h): advertise, take U1's keys, send the
+  // shares. False (with the report's message) when the round's key stages failed or ran out.
+  bool secagg_keys(const transport::RoundStart& rs, Clock::time_point deadline,
+                   transport::ClientReport& report) {
+    if (compressor_) {
+      throw ConfigError("compressor.name = " + options_.compressor.get_string("name", "none") +
+                        " cannot run under the server's secure aggregation: a masked input is "
+                        "not compressible (use compressor.name = none)");
+    }
+    secagg_.emplace(client_index_, rs.round, delta_.size());
+    send_secagg(rs.round, transport::SecAggStage::kAdvertise, secagg_->advertise());
+    const auto keys = await_secagg(rs.round, transport::SecAggStage::kKeys, deadline);
+    if (!keys) {
+      report.message = "secure aggregation: no keys from the coordinator (the key stage failed)";
+      return false;
+    }
+    try {
+      send_secagg(rs.round, transport::SecAggStage::kShares, secagg_->on_keys(*keys));
+    } catch (const ProtocolError& e) {
+      report.message = std::string("secure aggregation: ") + e.what();
+      return false;
+    }
+    return true;
+  }
+
+  // R2: the shares forwarded to this client, then its masked input. False (with the report's
+  // message) when they do not come or do not open.
+  bool secagg_mask(std::uint64_t round, Clock::time_point deadline, std::uint64_t seed,
+                   std::vector<std::uint32_t>& masked, transport::ClientReport& report) {
+    const auto forwarded = await_secagg(round, transport::SecAggStage::kForwarded, deadline);
+    if (!forwarded) {
+      report.message = "secure aggregation: no shares forwarded (too few clients shared keys)";
+      return false;
+    }
+    try {
+      secagg_->on_forwarded(*forwarded);
+      masked = secagg_->masked_input(delta_.span(), seed ^ 0x5ecA99ULL);
+    } catch (const ProtocolError& e) {
+      report.message = std::string("secure aggregation: ") + e.what();
+      return false;
+    }
+    return true;
+  }
+
+  // R4, and stale stages: answered once per round, from the serve loop.
+  void on_secagg(const Message& m, const transport::SecAgg& sa) {
+    if (sa.stage != transport::SecAggStage::kUnmask || !secagg_ || secagg_->round() != sa.round ||
+        !m.complete) {
+      COHORT_LOG(Debug) << name() << ": secure aggregation message for round " << sa.round
+                        << " ignored";
+      return;
+    }
+    try {
+      send_secagg(sa.round, transport::SecAggStage::kUnmaskShares,
+                  secagg_->on_unmask(transport::decode_secagg(m.payload.span())));
+    } catch (const ProtocolError& e) {
+      COHORT_LOG(Warn) << name() << ": secure aggregation, round " << sa.round
+                       << ": not unmasking: " << e.what();
+    }
+  }
+
+  void send_secagg(std::uint64_t round, transport::SecAggStage stage,
+                   const transport::SecAggData& data) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(transport::encode_secagg(data));
+    Envelope e;
+    e.round = round;
+    e.body = transport::SecAgg{.round = round, .stage = stage};
+    coordinator_->send({}, std::move(e), transport::Payload{*bytes, bytes});
+  }
+
+  // The coordinator's `stage` of secure aggregation for `round`, or nothing by `deadline` (or on
+  // stop). Other messages wait in deferred_ for the serve loop.
+  std::optional<transport::SecAggData> await_secagg(std::uint64_t round,
+                                                    transport::SecAggStage stage,
+                                                    Clock::time_point deadline) {
+    // The stage may have come while the shards were pulled from (shard 0 answers over the
+    // coordinator's connection): the exchange kept it with the other messages.
+    for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+      const auto* sa = std::get_if<transport::SecAgg>(&it->envelope.body);
+      if (sa == nullptr || sa->round != round || sa->stage != stage) continue;
+      Message m = std::move(*it);
+      deferred_.erase(it);
+      deferred_.push_front(std::move(m));
+      break;
+    }
+    while (!stopping() && Clock::now() < deadline) {
+      std::optional<Message> m;
+      if (!deferred_.empty() && std::holds_alternative<transport::SecAgg>(
+                                    deferred_.front().envelope.body)) {
+        m = std::move(deferred_.front());
+        deferred_.pop_front();
+      } else {
+        m = coordinator_->receive(100ms);
+      }
+      if (!m) continue;
+      if (auto* sa = std::get_if<transport::SecAgg>(&m->envelope.body)) {
+        if (sa->round == round && sa->stage == stage && m->complete && m->offset == 0) {
+          try {
+            return transport::decode_secagg(m->payload.span());
+          } catch (const ProtocolError& e) {
+            COHORT_LOG(Warn) << name() << ": secure aggregation: malformed stage: " << e.what();
+            return std::nullopt;
+          }
+        }
+        continue;  // a stale stage (an earlier round's)
+      }
+      if (auto* e = std::get_if<transport::ErrorBody>(&m->envelope.body)) {
+        COHORT_LOG(Warn) << name() << ": coordinator: " << e->message;
+        continue;
+      }
+      deferred_.push_back(std::move(*m));
+    }
+    return std::nullopt;
   }
 
   // delta_ = trained - global_, clipped, attacked and encoded per shard as configured. Returns the
@@ -515,6 +649,8 @@ class Participant {
   TrainerOptions options_train_;  // the coordinator's [train]
   ClientWork& work_;
   std::string failure_;  // why run() returned 1
+  std::uint32_t client_index_ = 0;         // Welcome.client_index: the secure aggregation id
+  std::optional<SecAggSession> secagg_;    // the latest round's secure aggregation
   FloatBuffer global_, delta_;
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
   std::vector<std::unique_ptr<aggregation::PushEncoder>>

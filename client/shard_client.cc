@@ -125,8 +125,10 @@ bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
     if (ready >= 0) {
       const auto i = static_cast<std::size_t>(ready);
       if (auto m = links.receive(i, 0ms)) {
+        // The coordinator's own messages (shard 0 shares its connection): kept for the caller.
         if (std::holds_alternative<transport::RoundStart>(m->envelope.body) ||
-            std::holds_alternative<transport::Bye>(m->envelope.body)) {
+            std::holds_alternative<transport::Bye>(m->envelope.body) ||
+            std::holds_alternative<transport::SecAgg>(m->envelope.body)) {
           if (options.other) options.other(std::move(*m));
         } else if (accept(i, *m)) {
           schedule.mark_answered(i);

@@ -66,6 +66,8 @@ Coordinator::Coordinator(const ServerOptions& options, Shard& local, Outbox& out
   buffer_k_ = options.fedbuff.buffer_size;
   concurrency_ = options.fedbuff.concurrency;
   rule_min_ = local.rule_min_updates();
+  dp_uniform_ = options.dp.clip > 0;
+  if (options.secagg.kind != SecAggKind::kNone && federated()) make_secagg(options.secagg);
   // A fresh epoch per coordinator process: shards tell a restart from a reconnect by it.
   std::random_device rd;
   epoch_ = ((std::uint64_t{rd()} << 32) ^ rd()) | 1;
@@ -93,7 +95,49 @@ bool Coordinator::handle(Message& m) {
     drop_client(m.sender);
     return true;
   }
+  if (auto* sa = std::get_if<transport::SecAgg>(&m.envelope.body)) {
+    touch(m);
+    if (secagg_) {
+      secagg_->on_message(m, *sa);
+    } else {
+      reply_error(m, "this server does not run secure aggregation");
+    }
+    return true;
+  }
   return false;
+}
+
+void Coordinator::make_secagg(const SecAggOptions& options) {
+  SecAggRound::Shards shards;
+  shards.count = shards_.size();
+  shards.send = [this](std::size_t i, Envelope e, transport::Payload p) {
+    auto& s = shards_.at(i);
+    if (!s.up) return false;
+    if (!out_.send(s.peer, std::move(e), std::move(p))) s.up = false;
+    return s.up;
+  };
+  shards.node = [this](std::size_t i) { return shards_.at(i).node_id; };
+  shards.local_held = [this](std::uint64_t round) { return local_.secagg_held(round); };
+  shards.local_seeds = [this](std::uint64_t round, const transport::SecAggData& d) {
+    local_.secagg_seeds(round, d);
+  };
+  secagg_.emplace(options, out_, clock_, std::move(shards));
+}
+
+// Secure aggregation's stages while the round runs and while it unmasks: a failed stage fails
+// the round (nothing is committed); unmasked, the round's close goes on with phase one.
+void Coordinator::tick_secagg() {
+  if (!secagg_ || (state_ != State::kRunning && state_ != State::kUnmasking)) return;
+  secagg_->tick();
+  if (secagg_->stage() == SecAggRound::Stage::kFailed) {
+    if (state_ == State::kRunning) write_client_records();
+    round_failed(secagg_->failure());
+    if (finished_) return;
+    closing_round_ = round_;
+    close_round(false);
+  } else if (state_ == State::kUnmasking && secagg_->stage() == SecAggRound::Stage::kDone) {
+    prepare_close(round_, secagg_->survivors());
+  }
 }
 
 void Coordinator::tick() {
@@ -101,6 +145,7 @@ void Coordinator::tick() {
   if (finished_) return;
   if (state_ == State::kPreparing && now >= close_retry_) resend_prepare();
   if (state_ == State::kClosing && now >= close_retry_) resend_close();
+  tick_secagg();
   report_.flush(now);
   switch (modes_.mode) {
     case transport::TrainingMode::kDataParallel: tick_dataparallel(now); return;
@@ -143,6 +188,12 @@ bool Coordinator::tick_federated(TimePoint now) {
       if (finished_) return false;
       closing_round_ = round_;  // the shards close (and drop) this round, not the one before
       close_round(false);
+    } else if (secagg_) {
+      // Secure aggregation: the shards stop taking masked inputs, the survivors unmask; phase
+      // one follows (tick_secagg()).
+      state_ = State::kUnmasking;
+      if (secagg_->stage() == SecAggRound::Stage::kMasking) secagg_->close(completed_);
+      tick_secagg();
     } else {
       // Phase one: every shard's rule computes its aggregate; the round commits only if all could.
       prepare_close(round_, done);
@@ -458,7 +509,8 @@ void Coordinator::start_round() {
                                  .local_epochs = train_.epochs,
                                  .local_steps = train_.steps,
                                  .model_version = local_.version(),
-                                 .cohort_size = static_cast<std::uint32_t>(chosen.size())};
+                                 .cohort_size = static_cast<std::uint32_t>(chosen.size()),
+                                 .secure_aggregation = secagg_.has_value()};
   // Every shard learns the selection before any client does: a shard takes this round's pushes
   // only from these clients.
   round_selection_ = chosen;
@@ -484,7 +536,24 @@ void Coordinator::start_round() {
     }
   }
   state_ = State::kRunning;
+  if (secagg_) begin_secagg();
   COHORT_LOG(Debug) << "round " << round_ << " started with " << selected_.size() << " clients";
+}
+
+// The cohort's secure aggregation: each member scales its update by n_k over the cohort's
+// samples (FedAvg's weights), or by 1/m under DP (every client weighs alike).
+void Coordinator::begin_secagg() {
+  std::vector<SecAggRound::Member> members;
+  double samples = 0;
+  for (const auto& id : selected_) samples += static_cast<double>(clients_.at(id).dataset_size);
+  for (const auto& id : selected_) {
+    const auto& c = clients_.at(id);
+    const double w = dp_uniform_ || samples <= 0
+                         ? 1.0 / static_cast<double>(selected_.size())
+                         : static_cast<double>(c.dataset_size) / samples;
+    members.push_back({.id = c.index, .node = id, .peer = c.peer, .weight = w});
+  }
+  secagg_->begin(round_, std::move(members), model_size_);
 }
 
 // ---- data-parallel: one long task per worker; the shards enforce the consistency model ----

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -24,6 +25,7 @@
 #include "population_pool.h"
 #include "profiles.h"
 #include "round_report.h"
+#include "secagg_round.h"
 #include "server_options.h"
 #include "shard.h"
 
@@ -57,7 +59,8 @@ class Coordinator {
  private:
   // kPreparing: phase one of a close (every shard computes its aggregate); kClosing: phase two
   // (every shard commits or discards).
-  enum class State { kIdle, kRunning, kPreparing, kClosing };
+  // kUnmasking (secure aggregation): the round took its last report and unmasks before phase one.
+  enum class State { kIdle, kRunning, kUnmasking, kPreparing, kClosing };
   struct ClientInfo {
     transport::PeerHandle peer;
     std::uint64_t dataset_size = 0;
@@ -114,6 +117,10 @@ class Coordinator {
   void reply_error(const transport::Message& m, std::string why);
   std::vector<NodeId> select();
   void start_round();
+  // Secure aggregation (server.secure_aggregation): its round, its start and its stages.
+  void make_secagg(const SecAggOptions& options);
+  void begin_secagg();
+  void tick_secagg();
   // Starts and closes federated rounds; false when it finished or gave up (no sweep then).
   bool tick_federated(TimePoint now);
   void sweep_clients(TimePoint now);
@@ -216,6 +223,8 @@ class Coordinator {
   double round_uplink_ = 0;
   double dp_noise_ = 0, dp_delta_ = 1e-5, round_sampling_rate_ = 1.0;
   aggregation::RdpAccountant accountant_;
+  std::optional<SecAggRound> secagg_;  // server.secure_aggregation != none (federated)
+  bool dp_uniform_ = false;            // dp.clip > 0: every client weighs alike
   TimePoint started_, round_started_, round_deadline_;
   RoundReport report_;
   std::size_t eval_cursor_ = 0;

@@ -16,6 +16,7 @@
 #include "cohort/kernels/network.h"
 #include "cohort/server/server.h"
 #include "cohort/transport/endpoint.h"
+#include "cohort/transport/secagg_messages.h"
 
 #include "coordinator.h"
 #include "mode.h"
@@ -145,6 +146,7 @@ class Node {
   void register_upstream();
   // A message from the coordinator (shards 1..n-1); true when it said training is finished.
   bool on_upstream(Message& m);
+  void on_secagg(Message& m, const transport::SecAgg& sa);
   // A message on the listening endpoint: the shard's, else the coordinator's, else refused.
   void on_listener(Message& m);
 
@@ -193,6 +195,8 @@ bool Node::on_upstream(Message& m) {
       a.body = transport::PushAck{.accepted = true, .reason = "", .version = v, .prepared = false};
     }
     upstream_->send({}, std::move(a));
+  } else if (auto* sa = std::get_if<transport::SecAgg>(&m.envelope.body)) {
+    on_secagg(m, *sa);
   } else if (std::holds_alternative<transport::Bye>(m.envelope.body)) {
     COHORT_LOG(Info) << name_ << ": the coordinator says training is finished";
     return true;
@@ -200,6 +204,23 @@ bool Node::on_upstream(Message& m) {
     COHORT_LOG(Warn) << "coordinator: " << err->message;
   }
   return false;
+}
+
+// Secure aggregation, from the coordinator: whose masked inputs this shard holds (answered), or
+// the seeds that remove their masks.
+void Node::on_secagg(Message& m, const transport::SecAgg& sa) {
+  Shard& shard = *shard_;
+  if (sa.stage == transport::SecAggStage::kHeld) {
+    transport::SecAggData held;
+    for (auto& node : shard.secagg_held(sa.round)) held.members.push_back({.node = std::move(node)});
+    auto bytes = std::make_shared<std::vector<std::byte>>(transport::encode_secagg(held));
+    Envelope a;
+    a.round = sa.round;
+    a.body = transport::SecAgg{.round = sa.round, .stage = transport::SecAggStage::kHeld};
+    upstream_->send({}, std::move(a), transport::Payload{*bytes, bytes});
+  } else if (sa.stage == transport::SecAggStage::kSeeds && m.complete && m.offset == 0) {
+    shard.secagg_seeds(sa.round, transport::decode_secagg(m.payload.span()));
+  }
 }
 
 void Node::on_listener(Message& m) {

@@ -1,6 +1,7 @@
 #include "options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -32,6 +33,8 @@ const ModeKeys kModeKeys[] = {
     {"server.selection", {kFederated}},
     {"server.min_updates", {kFederated}},
     {"server.normalization", {kFederated}},
+    {"server.secure_aggregation", {kFederated}},
+    {"secagg.", {kFederated}},
     {"server.work", {kFederated}},
     {"server.min_local_steps", {kFederated}},
     {"server.max_local_steps", {kFederated}},
@@ -114,6 +117,41 @@ std::string minimum_formula(const std::string& rule) {
   if (rule == "krum" || rule == "multi_krum") return "2f+3";
   if (rule == "bulyan") return "4f+3";
   return "";
+}
+
+// server.secure_aggregation and [secagg] (federated mode only; the mode check is done).
+void validate_secure_aggregation(const Config& config, const std::string& rule) {
+  const SecAggOptions o = parse_secure_aggregation(config);
+  if (o.kind == SecAggKind::kNone) {
+    if (!config.section("secagg").names().empty()) {
+      throw ConfigError(
+          "[secagg] options apply with server.secure_aggregation = secagg or secagg+ only");
+    }
+    return;
+  }
+  const std::string what =
+      "server.secure_aggregation = " + std::string(o.kind == SecAggKind::kSecAgg ? "secagg" : "secagg+");
+  // The shards see only the sum of the masked inputs: a rule that looks at each update (a
+  // median, Krum, a norm clip) or reweighs it per client cannot run on it.
+  if (rule != "fedavg") {
+    throw ConfigError(what + " needs aggregator.name = fedavg (the shards see only the sum of the "
+                             "cohort's updates, not each one), got '" + rule + "'");
+  }
+  if (parse_normalization(config) != Normalization::kNone) {
+    throw ConfigError(what + " does not combine with server.normalization = fednova (the shards "
+                             "cannot divide each update by its local work)");
+  }
+  const std::int64_t cohort = config.get_int("server.clients_per_round");
+  const double over = std::max(1.0, config.get_double("server.overselect"));
+  const auto selected = static_cast<std::uint64_t>(std::ceil(static_cast<double>(cohort) * over));
+  const std::uint64_t most = (std::uint64_t{1} << 32) / o.levels - (((std::uint64_t{1} << 32) % o.levels) == 0 ? 1 : 0);
+  if (selected > most) {
+    throw ConfigError(what + ": " + std::to_string(selected) +
+                      " clients per round (server.clients_per_round x server.overselect) would "
+                      "overflow the 32-bit sum at secagg.levels = " + std::to_string(o.levels) +
+                      " (at most " + std::to_string(most) + " inputs): lower secagg.levels");
+  }
+  if (cohort < 2) throw ConfigError(what + " needs server.clients_per_round >= 2");
 }
 
 // server.batch_policy and the keys only `speed` reads (docs/ALGORITHMS.md 3.4).
@@ -217,6 +255,7 @@ void validate(const Config& config, const Registries& registries) {
         rule + "'");
   }
   validate_work(config);
+  validate_secure_aggregation(config, rule);
   const auto cohort = static_cast<std::size_t>(
       std::max<std::int64_t>(0, config.get_int("server.clients_per_round")));
   if (cohort < 1) throw ConfigError("server.clients_per_round must be >= 1");
@@ -377,6 +416,26 @@ ConfigSchema config_schema() {
                        ", and its options (lr, momentum, beta1, beta2, tau); without lr "
                        "each takes its own default, in data-parallel mode its "
                        "gradient rate")
+      .add("server.secure_aggregation", std::string("none"),
+           "federated: none | secagg | secagg+. Secure aggregation (ALGORITHMS.md 8.1, 8.2): each "
+           "client masks its fixed-point update with pairwise masks whose seeds it shares (Shamir, "
+           "t of n) with the others (secagg) or with k = O(log n) neighbours (secagg+), so the "
+           "shards learn only the cohort's sum; up to n - t dropouts are recovered. Needs "
+           "aggregator.name = fedavg and no compressor on the clients")
+      .add("secagg.stage_ms", std::int64_t{30000},
+           "secure aggregation: how long the coordinator waits for each key stage (keys, shares, "
+           "unmasking); who has not answered by then has dropped")
+      .add("secagg.clip", 8.0,
+           "secure aggregation: the fixed-point range c; each client clips its weighted update "
+           "n_k/N x Delta_k to [-c, c] per coordinate before quantising")
+      .add("secagg.levels", std::int64_t{1} << 22,
+           "secure aggregation: the fixed-point levels Q (step 2c/Q); n Q < 2^32 bounds the cohort "
+           "(1023 clients at the default)")
+      .add("secagg.threshold", 0.5,
+           "secure aggregation: t = floor(threshold x k) + 1 of a client's k share holders "
+           "(itself and its neighbours) rebuild its secrets; from 0.5 to 1")
+      .add("secagg.degree", std::int64_t{0},
+           "secagg+: the neighbourhood size k, odd, counting the client (0: 2 ceil(log2 n) + 1)")
       .add("dp.clip", 0.0,
            "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
            "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")

@@ -1,6 +1,7 @@
 #include "server_options.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "cohort/core/error.h"
@@ -106,6 +107,48 @@ Normalization parse_normalization(const Config& c) {
   throw ConfigError("server.normalization must be none or fednova, got '" + value + "'");
 }
 
+SecAggOptions parse_secure_aggregation(const Config& c) {
+  SecAggOptions o;
+  const std::string value = c.get_string("server.secure_aggregation");
+  if (value == "none") {
+    o.kind = SecAggKind::kNone;
+  } else if (value == "secagg") {
+    o.kind = SecAggKind::kSecAgg;
+  } else if (value == "secagg+") {
+    o.kind = SecAggKind::kSecAggPlus;
+  } else {
+    throw ConfigError("server.secure_aggregation must be none, secagg or secagg+, got '" + value +
+                      "'");
+  }
+  const std::int64_t stage = c.get_int("secagg.stage_ms");
+  if (stage < 1 || stage > 3'600'000)
+    throw ConfigError("secagg.stage_ms must be from 1 to 3600000, got " + std::to_string(stage));
+  o.stage = std::chrono::milliseconds(stage);
+  o.clip = c.get_double("secagg.clip");
+  if (!(o.clip > 0 && std::isfinite(o.clip)))
+    throw ConfigError("secagg.clip must be > 0 and finite, got " + std::to_string(o.clip));
+  const std::int64_t levels = c.get_int("secagg.levels");
+  if (levels < 2 || levels > (std::int64_t{1} << 31)) {
+    throw ConfigError("secagg.levels must be from 2 to 2^31, got " + std::to_string(levels));
+  }
+  o.levels = static_cast<std::uint32_t>(levels);
+  o.threshold = c.get_double("secagg.threshold");
+  if (!(o.threshold >= 0.5 && o.threshold < 1)) {
+    throw ConfigError("secagg.threshold must be from 0.5 to below 1, got " +
+                      std::to_string(o.threshold));
+  }
+  const std::int64_t degree = c.get_int("secagg.degree");
+  if (degree != 0 && (degree < 3 || degree % 2 == 0 || degree > 65535)) {
+    throw ConfigError("secagg.degree must be 0 (the default) or an odd number from 3, got " +
+                      std::to_string(degree));
+  }
+  if (degree != 0 && o.kind != SecAggKind::kSecAggPlus) {
+    throw ConfigError("secagg.degree applies to server.secure_aggregation = secagg+ only");
+  }
+  o.degree = static_cast<std::uint32_t>(degree);
+  return o;
+}
+
 BatchPolicy parse_batch_policy(const Config& c) {
   const std::string value = c.get_string("server.batch_policy");
   if (value == "equal") return BatchPolicy::kEqual;
@@ -147,6 +190,7 @@ ServerOptions server_options_from(const Config& c) {
           .delta = c.get_double("dp.delta"),
           .seed = static_cast<std::uint64_t>(c.get_int("dp.seed"))};
   o.normalization = parse_normalization(c);
+  o.secagg = parse_secure_aggregation(c);
   o.train = train_forward(c.section("train"));
   o.dataparallel.batch_policy = parse_batch_policy(c);
   o.dataparallel.batch_size = std::max<std::uint32_t>(1, o.train.batch_size);

@@ -128,6 +128,17 @@ struct DpOptions {
   std::uint64_t seed = 0;       // dp.seed (0: random)
 };
 
+// server.secure_aggregation and [secagg] (docs/ALGORITHMS.md 8.1, 8.2).
+enum class SecAggKind : std::uint8_t { kNone, kSecAgg, kSecAggPlus };
+struct SecAggOptions {
+  SecAggKind kind = SecAggKind::kNone;
+  std::chrono::milliseconds stage{30000};  // secagg.stage_ms
+  double clip = 8.0;                       // secagg.clip: the fixed-point range c
+  std::uint32_t levels = 1u << 22;         // secagg.levels: Q
+  double threshold = 0.5;                  // secagg.threshold: the fraction of k
+  std::uint32_t degree = 0;                // secagg.degree (0: the default rule)
+};
+
 // [train]: the clients' training options, forwarded to them as TOML, and the three the
 // coordinator puts into each RoundStart.
 struct TrainForward {
@@ -148,6 +159,7 @@ struct ServerOptions {
   DataParallelOptions dataparallel;
   CheckpointOptions checkpoint;
   DpOptions dp;
+  SecAggOptions secagg;
   Normalization normalization = Normalization::kNone;  // server.normalization (federated only)
   TrainForward train;
   std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
@@ -165,6 +177,10 @@ ServerOptions server_options_from(const Config& config);
 
 // server.normalization as an enum. Throws ConfigError naming the key for a value it does not know.
 Normalization parse_normalization(const Config& config);
+
+// server.secure_aggregation and [secagg], checked. Throws ConfigError naming the key for a bad
+// value.
+SecAggOptions parse_secure_aggregation(const Config& config);
 
 // server.batch_policy as an enum. Throws ConfigError naming the key for a value it does not know.
 BatchPolicy parse_batch_policy(const Config& config);

@@ -131,7 +131,8 @@ std::unique_ptr<ShardMode> make_mode(ShardCore& core, const ServerOptions& optio
                                      const Clock& clock) {
   switch (options.modes.mode) {
     case transport::TrainingMode::kFederated:
-      return make_federated_mode(core, options.dp, options.normalization);
+      return make_federated_mode(core, options.dp, options.normalization,
+                                 options.secagg.kind != SecAggKind::kNone);
     case transport::TrainingMode::kBuffered: return make_fedbuff_mode(core, options.fedbuff);
     case transport::TrainingMode::kDataParallel:
       return make_dataparallel_mode(core, options.modes.consistency, options.dataparallel, clock);

@@ -63,6 +63,16 @@ class Shard {
   // updates back into the buffer). Returns the new version. A repeated close is a no-op.
   std::uint64_t close_round(std::uint64_t round, bool commit);
 
+  // Secure aggregation (server.secure_aggregation): stop taking round `round`'s masked inputs and
+  // name whose this shard holds complete; then take the seeds that remove their masks, which
+  // prepare_round() uses.
+  [[nodiscard]] std::vector<NodeId> secagg_held(std::uint64_t round) {
+    return mode_->secagg_held(round);
+  }
+  void secagg_seeds(std::uint64_t round, const transport::SecAggData& seeds) {
+    mode_->secagg_seeds(round, seeds);
+  }
+
   // FedBuff's buffered updates, and how many the step being prepared set aside.
   [[nodiscard]] std::size_t buffered() const { return mode_->buffered(); }
   [[nodiscard]] std::size_t prepared_count() const { return mode_->prepared_count(); }

@@ -15,6 +15,7 @@
 #include "cohort/core/buffer.h"
 #include "cohort/core/metrics.h"
 #include "cohort/server/checkpoint.h"
+#include "cohort/transport/secagg_messages.h"
 
 #include "mode.h"
 #include "outbox.h"
@@ -116,6 +117,10 @@ class ShardMode {
   virtual void on_coordinator_restart() = 0;
   // Federated: the coordinator's selection for `round` (see Shard::open_round).
   virtual void open_round(std::uint64_t /*round*/, const std::vector<NodeId>& /*clients*/) {}
+  // Secure aggregation (federated): take no more of round `round`'s masked inputs, and name whose
+  // this shard holds complete; then the seeds that remove their masks (prepare() uses them).
+  [[nodiscard]] virtual std::vector<NodeId> secagg_held(std::uint64_t /*round*/) { return {}; }
+  virtual void secagg_seeds(std::uint64_t /*round*/, const transport::SecAggData& /*seeds*/) {}
   // FedBuff: updates buffered, and how many the step being prepared set aside.
   [[nodiscard]] virtual std::size_t buffered() const { return 0; }
   [[nodiscard]] virtual std::size_t prepared_count() const { return 0; }

@@ -38,7 +38,7 @@ E checked_enum(std::uint16_t raw, std::uint16_t count, const char* field) {
 }
 
 Encoding enc(wire::Encoding e) {
-  return checked_enum<Encoding>(static_cast<std::uint16_t>(e), 9, "encoding");
+  return checked_enum<Encoding>(static_cast<std::uint16_t>(e), 10, "encoding");
 }
 wire::Encoding enc(Encoding e) { return static_cast<wire::Encoding>(e); }
 
@@ -91,6 +91,7 @@ struct Writer {
     r.setMode(static_cast<wire::TrainingMode>(m.mode));
     r.setBatchSize(m.batch_size);
     r.setCohortSize(m.cohort_size);
+    r.setSecureAggregation(m.secure_aggregation);
   }
   void operator()(const Pull& m) {
     auto p = b.initPull();
@@ -340,7 +341,8 @@ Body read_body(wire::Envelope::Body::Reader b) {
           r.getEvaluateOnly(),
           checked_enum<TrainingMode>(static_cast<std::uint16_t>(r.getMode()), 3, "mode"),
           r.getBatchSize(),
-          r.getCohortSize()};
+          r.getCohortSize(),
+          r.getSecureAggregation()};
     }
     case wire::Envelope::Body::PULL: {
       auto p = b.getPull();

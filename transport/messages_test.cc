@@ -35,7 +35,7 @@ std::vector<Body> every_body() {
               "epochs = 1\n",
               0x1234567890abcdefULL},
       Heartbeat{12, 0.5f},
-      RoundStart{4, 30000, 1, 0, 0.05f, 4, true, TrainingMode::kDataParallel, 32, 12},
+      RoundStart{4, 30000, 1, 0, 0.05f, 4, true, TrainingMode::kDataParallel, 32, 12, true},
       Pull{1, 10, 20, 3},
       PullReply{1, 10, 20, 4, Encoding::kDenseBf16, 48},
       Push{1, 10, 20, 600, 4, Encoding::kTopK, PushKind::kGradient, 0.25f, 17, 10, 8.5f},

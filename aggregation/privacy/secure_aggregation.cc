@@ -116,12 +116,18 @@ void FixedPoint::decode_sum(std::span<const std::uint32_t> sum, std::size_t n,
 
 // ---- Client -----------------------------------------------------------------------------------
 
-Client::Client(ClientId id, const Params& params) : id_(id), params_(params) {
+namespace {
+void check_params(const Params& params) {
   if (params.threshold < 2) throw ConfigError("secagg: threshold must be >= 2");
   if (params.degree != 0 && params.degree < params.threshold) {
     throw ConfigError("secagg: degree " + std::to_string(params.degree) + " below the threshold " +
                       std::to_string(params.threshold));
   }
+}
+}  // namespace
+
+Client::Client(ClientId id, const Params& params) : id_(id), params_(params) {
+  check_params(params);
   channel_ = generate_key_pair();
   mask_ = generate_key_pair();
   detail::random_bytes(self_seed_);
@@ -136,6 +142,12 @@ Client::~Client() {
     wipe(h.self_mask.y.data(), h.self_mask.y.size() * 8);
   }
   for (auto& p : pair_seeds_) wipe(p.seed.data(), p.seed.size());
+}
+
+void Client::configure(const Params& params) {
+  COHORT_CHECK(u1_.empty()) << "a client is configured before share_keys()";
+  check_params(params);
+  params_ = params;
 }
 
 void Client::set_keys_for_testing(const KeyPair& channel, const KeyPair& mask) {

@@ -4,6 +4,8 @@
 // step).
 
 #include <cmath>
+#include <cstring>
+#include <optional>
 #include <memory>
 #include <random>
 #include <set>
@@ -11,6 +13,8 @@
 #include <unordered_map>
 
 #include "cohort/aggregation/privacy.h"
+#include "cohort/aggregation/secure_aggregation.h"
+#include "cohort/core/error.h"
 #include "cohort/core/log.h"
 #include "cohort/kernels/primitives.h"
 
@@ -28,8 +32,8 @@ void scale_in_double(std::span<float> x, double factor) {
 
 class FederatedMode final : public ShardMode {
  public:
-  FederatedMode(ShardCore& core, const DpOptions& dp, Normalization normalization)
-      : core_(core), fednova_(normalization == Normalization::kFedNova) {
+  FederatedMode(ShardCore& core, const DpOptions& dp, Normalization normalization, bool secure)
+      : core_(core), fednova_(normalization == Normalization::kFedNova), secure_(secure) {
     dp_clip_ = dp.clip;
     dp_noise_ = dp.noise_multiplier;
     dp_seed_ = dp.seed;
@@ -51,6 +55,7 @@ class FederatedMode final : public ShardMode {
   }
 
   void prepare(std::uint64_t round) override {
+    if (secure_) return prepare_secure(round);
     const std::size_t n = open_round_ == round ? core_.aggregator->completed_updates() : 0;
     if (n > 0) {
       delta_ = FloatBuffer(core_.size());
@@ -70,7 +75,8 @@ class FederatedMode final : public ShardMode {
       if (dp_noise_ > 0) {
         // DP-FedAvg (8.4) with uniform weights: the mean of m updates clipped to S has
         // sensitivity S/m, so sigma = z S / m. compression_seed() only mixes the numbers.
-        const double m = static_cast<double>(core_.aggregator->completed_updates());
+        const double m = static_cast<double>(secure_ ? applied_.size()
+                                                     : core_.aggregator->completed_updates());
         aggregation::add_gaussian_noise(
             delta_.span(), aggregation::dp_fedavg_noise_stddev(dp_noise_, dp_clip_, 1.0, m),
             aggregation::compression_seed(dp_seed_, round, core_.index));
@@ -92,6 +98,9 @@ class FederatedMode final : public ShardMode {
     drop_open_round();
     core_.finish_close(round, commit);
   }
+
+  std::vector<NodeId> secagg_held(std::uint64_t round) override;
+  void secagg_seeds(std::uint64_t round, const transport::SecAggData& seeds) override;
 
   void on_coordinator_restart() override {
     if (open_round_ != 0 || !selection_.empty() || core_.prepared_round != 0) {
@@ -133,6 +142,14 @@ class FederatedMode final : public ShardMode {
   bool feed(Transfer& t, const Message& m, std::size_t skip, std::string& why);
   // What close() multiplies the rule's aggregate by: 1, or FedNova's rescale (see nova_).
   [[nodiscard]] double fednova_scale() const;
+  // Secure aggregation: why a masked push cannot be taken (its shape), or empty.
+  [[nodiscard]] std::string masked_refusal(const Message& m, const transport::Push& p) const;
+  // Secure aggregation: a chunk of masked words into the transfer's buffer; on the last, the
+  // input into the round's sum.
+  bool feed_masked(Transfer& t, const Message& m, std::size_t skip, std::string& why);
+  // Secure aggregation's phase one: the seeds' masks out of the sum, decoded, divided by the
+  // survivors' weights: the weighted mean of their updates.
+  void prepare_secure(std::uint64_t round);
 
   // Forgets the open round: its transfers, senders and the rule's state.
   void drop_open_round() {
@@ -144,6 +161,11 @@ class FederatedMode final : public ShardMode {
     streaming_.clear();
     selection_.clear();
     nova_ = {};
+    masked_sum_.clear();
+    masked_sum_.shrink_to_fit();
+    frozen_round_ = 0;
+    seeds_round_ = 0;
+    seeds_.reset();
   }
 
   // Buffers of finished transfers go back to the pools, so pushes never allocate.
@@ -161,6 +183,15 @@ class FederatedMode final : public ShardMode {
 
   ShardCore& core_;
   const bool fednova_;                 // server.normalization = fednova
+  const bool secure_;                  // server.secure_aggregation: masked inputs only
+  // Secure aggregation: the sum mod 2^32 of the open round's masked inputs over this range; the
+  // round whose inputs stopped (the coordinator asked whose this shard holds); the seeds that
+  // remove the masks, with the fixed point's range and levels and the survivors' weights.
+  std::vector<std::uint32_t> masked_sum_;
+  std::uint64_t frozen_round_ = 0, seeds_round_ = 0;
+  std::optional<aggregation::secagg::Reconstructed> seeds_;
+  double seeds_clip_ = 0, seeds_weight_ = 0;
+  std::uint32_t seeds_levels_ = 0;
   FloatBuffer delta_;                  // the aggregate, between phase one and phase two
   double scale_ = 1.0;                 // what close() multiplies delta_ by (fednova_scale())
   std::uint64_t open_round_ = 0;       // the round whose pushes the rule is taking, or 0
@@ -183,11 +214,31 @@ class FederatedMode final : public ShardMode {
   std::unordered_map<NodeId, ClientId> client_ids_;
 };
 
+std::string FederatedMode::masked_refusal(const Message& m, const transport::Push& p) const {
+  if (!secure_) {
+    return p.encoding == transport::Encoding::kMaskedU32
+               ? "a masked input, but this server does not run secure aggregation"
+               : "";
+  }
+  if (p.encoding != transport::Encoding::kMaskedU32)
+    return "this server runs secure aggregation (server.secure_aggregation): push masked inputs";
+  if (p.kind != transport::PushKind::kDelta) return "this server runs federated rounds";
+  const auto range = core_.range();
+  if (p.begin != range.begin || p.end != range.end || p.elements != range.size() ||
+      m.envelope.payload_bytes != range.size() * 4)
+    return "a masked input must cover this shard's range exactly, 4 bytes a coordinate";
+  if (frozen_round_ == m.envelope.round)
+    return "round " + std::to_string(m.envelope.round) + " takes no more masked inputs (unmasking)";
+  return "";
+}
+
 std::string FederatedMode::refusal(const Message& m, const transport::Push& p) const {
   static constexpr PushRules kRules{.kind = transport::PushKind::kDelta,
                                     .wrong_kind = "this server runs federated rounds; send deltas",
                                     .name_compressed_size = true};
-  std::string why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
+  std::string why = masked_refusal(m, p);
+  if (!why.empty()) return why;
+  if (!secure_) why = check_push_shape(p, m.envelope.payload_bytes, core_.range(), kRules);
   if (!why.empty()) return why;
   const std::uint64_t round = m.envelope.round;
   if (round <= core_.last_closed)
@@ -278,7 +329,7 @@ std::shared_ptr<FederatedMode::Transfer> FederatedMode::start_transfer(const Mes
   t.weight = dp_clip_ > 0 ? 1.0 : t.samples / t.work;
   if (p.encoding != transport::Encoding::kDenseF32)
     t.decoder = core_.take_decoder(*wire_format(p.encoding));
-  if (!core_.aggregator->is_streaming() || dp_clip_ > 0) {
+  if (secure_ || !core_.aggregator->is_streaming() || dp_clip_ > 0) {
     if (spare_updates_.empty()) spare_updates_.emplace_back(core_.size());
     t.whole = std::move(spare_updates_.back());
     spare_updates_.pop_back();
@@ -286,7 +337,90 @@ std::shared_ptr<FederatedMode::Transfer> FederatedMode::start_transfer(const Mes
   return taken;
 }
 
+bool FederatedMode::feed_masked(Transfer& t, const Message& m, std::size_t skip,
+                                std::string& why) {
+  if (frozen_round_ == m.envelope.round) {
+    why = "round " + std::to_string(m.envelope.round) + " takes no more masked inputs (unmasking)";
+    return false;
+  }
+  const auto bytes = m.payload.span().subspan(skip);
+  const std::uint64_t at = m.offset + skip;
+  auto whole = std::as_writable_bytes(t.whole.span());
+  if (at + bytes.size() > whole.size()) {
+    why = "masked input longer than the range";
+    return false;
+  }
+  std::memcpy(whole.data() + at, bytes.data(), bytes.size());
+  if (!m.complete) return true;
+  if (at + bytes.size() != whole.size()) {
+    why = "masked input shorter than the range";
+    return false;
+  }
+  if (masked_sum_.size() != core_.size()) masked_sum_.assign(core_.size(), 0);
+  const auto* words = reinterpret_cast<const std::byte*>(whole.data());
+  for (std::size_t i = 0; i < masked_sum_.size(); ++i) {
+    std::uint32_t w;
+    std::memcpy(&w, words + 4 * i, 4);
+    masked_sum_[i] += w;  // mod 2^32
+  }
+  return true;
+}
+
+std::vector<NodeId> FederatedMode::secagg_held(std::uint64_t round) {
+  frozen_round_ = std::max(frozen_round_, round);
+  if (!secure_ || open_round_ != round) return {};
+  return {applied_.begin(), applied_.end()};
+}
+
+void FederatedMode::secagg_seeds(std::uint64_t round, const transport::SecAggData& d) {
+  if (!secure_) return;
+  seeds_.emplace();
+  seeds_->vector_size = d.vector_size;
+  seeds_->survivors = d.survivors;
+  for (const auto& s : d.seeds) {
+    if (s.survivor == s.dropped) {
+      seeds_->self_seeds.emplace_back(s.survivor, s.seed);
+    } else {
+      seeds_->pair_seeds.push_back(
+          {.survivor = s.survivor, .dropped = s.dropped, .sign = s.sign, .seed = s.seed});
+    }
+  }
+  seeds_round_ = round;
+  seeds_clip_ = d.clip;
+  seeds_levels_ = d.levels;
+  seeds_weight_ = d.total_weight;
+}
+
+void FederatedMode::prepare_secure(std::uint64_t round) {
+  const std::size_t n = open_round_ == round ? applied_.size() : 0;
+  core_.prepared.ok = false;
+  if (n == 0) {
+    core_.prepared.reason = "no masked input arrived";
+  } else if (seeds_round_ != round || !seeds_) {
+    core_.prepared.reason = "no unmasking seeds for round " + std::to_string(round);
+  } else if (seeds_->survivors.size() != n || seeds_->vector_size < core_.end ||
+             !(seeds_weight_ > 0)) {
+    core_.prepared.reason = "the unmasking seeds name " + std::to_string(seeds_->survivors.size()) +
+                            " survivors; this shard holds " + std::to_string(n) + " inputs";
+  } else {
+    try {
+      aggregation::secagg::remove_masks(*seeds_, core_.begin, masked_sum_);
+      delta_ = FloatBuffer(core_.size());
+      aggregation::secagg::FixedPoint(seeds_clip_, seeds_levels_)
+          .decode_sum(masked_sum_, n, delta_.span());
+      scale_in_double(delta_.span(), 1.0 / seeds_weight_);
+      core_.prepared.ok = kernels::all_finite(delta_.span());
+      if (!core_.prepared.ok) core_.prepared.reason = "the unmasked mean is not finite";
+    } catch (const Error& e) {
+      core_.prepared.reason = std::string("unmasking: ") + e.what();
+    }
+  }
+  scale_ = 1.0;
+  if (!core_.prepared.ok) delta_ = FloatBuffer();
+}
+
 bool FederatedMode::feed(Transfer& t, const Message& m, std::size_t skip, std::string& why) {
+  if (secure_) return feed_masked(t, m, skip, why);
   const std::size_t size = core_.size();
   // Decoded values go to the rule at their offset, or into the reassembly buffer.
   auto take = [&](std::size_t offset, std::span<const float> values) {
@@ -365,7 +499,7 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
   }
   if (!why.empty() || !feed(t, m, place.skip, why)) {
     t.rejected = true;
-    core_.aggregator->end_update(t.client, false);
+    if (!secure_) core_.aggregator->end_update(t.client, false);
     release(t);
     streaming_.erase(m.sender);
     core_.reply_ack(m, false, why);
@@ -375,7 +509,7 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
   }
   t.received = m.offset + m.payload.size();
   if (m.complete) {
-    core_.aggregator->end_update(t.client, true);
+    if (!secure_) core_.aggregator->end_update(t.client, true);
     release(t);
     t.done = true;
     streaming_.erase(m.sender);
@@ -394,8 +528,8 @@ void FederatedMode::on_push(Message& m, const transport::Push& p) {
 }  // namespace
 
 std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp,
-                                               Normalization normalization) {
-  return std::make_unique<FederatedMode>(core, dp, normalization);
+                                               Normalization normalization, bool secure) {
+  return std::make_unique<FederatedMode>(core, dp, normalization, secure);
 }
 
 }  // namespace cohort::server

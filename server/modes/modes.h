@@ -13,8 +13,10 @@ namespace cohort::server {
 // Federated rounds: the coordinator's selection, streamed deltas into the aggregation rule, DP,
 // FedNova's normalisation. REQUIRES for Normalization::kFedNova: the rule is fedavg (validate()
 // refuses any other).
+// `secure` (server.secure_aggregation): pushes are masked fixed-point inputs summed mod 2^32,
+// unmasked at phase one with the coordinator's seeds (secagg_seeds()).
 std::unique_ptr<ShardMode> make_federated_mode(ShardCore& core, const DpOptions& dp,
-                                               Normalization normalization);
+                                               Normalization normalization, bool secure);
 // FedBuff: staleness-weighted deltas buffered until the coordinator steps every shard at K.
 std::unique_ptr<ShardMode> make_fedbuff_mode(ShardCore& core, const FedBuffOptions& options);
 // Data-parallel workers' gradients under BSP, ASP or SSP; under BSP with BatchPolicy::kSpeed,

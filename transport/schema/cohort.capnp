@@ -72,6 +72,8 @@ enum Encoding {
   randomK @6;   # seed + float32 values
   sign @7;      # scale + packed sign bits
   powerSgd @8;  # low-rank factors P and Q
+  maskedU32 @9; # secure aggregation: a masked fixed-point input, little-endian uint32 words mod
+                # 2^32, one per coordinate (docs/ALGORITHMS.md 8.1)
 }
 
 # Client -> coordinator: join the federation.
@@ -125,6 +127,7 @@ struct RoundStart {
   mode @7 :TrainingMode;
   batchSize @8 :UInt32;     # data-parallel: examples per step
   cohortSize @9 :UInt32;    # federated: how many clients this round selected (0: not said)
+  secureAggregation @10 :Bool;  # federated: the round runs secure aggregation (SecAgg stages)
 }
 
 enum TrainingMode {
@@ -302,6 +305,8 @@ enum SecAggStage {
   unmask @4;        # coordinator -> client: U3, whose masked inputs arrived (R4)
   unmaskShares @5;  # client -> coordinator: its shares of U3's self masks and dropped keys (R4)
   seeds @6;         # coordinator -> shard: the seeds that remove the masks (R4)
+  held @7;          # coordinator -> shard: take no more masked inputs for the round and say
+                    # whose you hold; shard -> coordinator: the answer (members' node ids)
 }
 
 # One member of U1: its protocol id (the coordinator's client index), node id and public keys.

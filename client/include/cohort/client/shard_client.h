@@ -133,7 +133,7 @@ using AcceptAnswer = std::function<bool(std::size_t, transport::Message&)>;
 // Sends make(i) to every shard and waits for each answer `accept` takes, resending on the
 // ResendSchedule. Returns true when every shard answered, false at the deadline or on stop. A send
 // that fails (TransportError) is retried at the next resend; without resends it is rethrown.
-// RoundStart and Bye messages go to options.other; other unaccepted messages are dropped.
+// RoundStart, Bye and SecAgg messages go to options.other; other unaccepted messages are dropped.
 bool exchange(ShardLinks& links, const Clock& clock, const MakeRequest& make,
               const AcceptAnswer& accept, const ExchangeOptions& options);
 

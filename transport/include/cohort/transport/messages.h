@@ -31,7 +31,8 @@ enum class Encoding : std::uint8_t {
   kTopK,
   kRandomK,
   kSign,
-  kPowerSgd
+  kPowerSgd,
+  kMaskedU32  // secure aggregation: a masked fixed-point input, uint32 words mod 2^32
 };
 enum class PushKind : std::uint8_t { kDelta, kGradient };
 enum class TrainingMode : std::uint8_t { kFederated, kDataParallel, kBuffered };
@@ -97,6 +98,7 @@ struct RoundStart {
   TrainingMode mode = TrainingMode::kFederated;
   std::uint32_t batch_size = 0;
   std::uint32_t cohort_size = 0;  // federated: clients selected for the round (0: not said)
+  bool secure_aggregation = false;  // federated: the round runs the SecAgg stages
   bool operator==(const RoundStart&) const = default;
 };
 struct Pull {
@@ -242,9 +244,10 @@ enum class SecAggStage : std::uint8_t {
   kForwarded,
   kUnmask,
   kUnmaskShares,
-  kSeeds
+  kSeeds,
+  kHeld
 };
-inline constexpr std::uint16_t kSecAggStages = 7;
+inline constexpr std::uint16_t kSecAggStages = 8;
 struct SecAgg {
   std::uint64_t round = 0;
   SecAggStage stage = SecAggStage::kAdvertise;

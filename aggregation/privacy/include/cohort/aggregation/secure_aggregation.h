@@ -192,6 +192,11 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  // What the server announced with U1 (the threshold and SecAgg+ graph chosen for |U1|, which
+  // the client cannot know when it advertises), before share_keys(). ConfigError as the
+  // constructor's.
+  void configure(const Params& params);
+
   // R0.
   [[nodiscard]] Advertisement advertise() const;
   // R1: given U1 (every advertisement the server forwarded, this client's own included), the
