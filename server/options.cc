@@ -34,7 +34,11 @@ const ModeKeys kModeKeys[] = {
     {"server.min_updates", {kFederated}},
     {"server.normalization", {kFederated}},
     {"server.secure_aggregation", {kFederated}},
-    {"secagg.", {kFederated}},
+    {"secagg.stage_ms", {kFederated}},
+    {"secagg.clip", {kFederated}},
+    {"secagg.levels", {kFederated}},
+    {"secagg.threshold", {kFederated}},
+    {"secagg.degree", {kFederated}},
     {"server.work", {kFederated}},
     {"server.min_local_steps", {kFederated}},
     {"server.max_local_steps", {kFederated}},
@@ -123,9 +127,12 @@ std::string minimum_formula(const std::string& rule) {
 void validate_secure_aggregation(const Config& config, const std::string& rule) {
   const SecAggOptions o = parse_secure_aggregation(config);
   if (o.kind == SecAggKind::kNone) {
-    if (!config.section("secagg").names().empty()) {
-      throw ConfigError(
-          "[secagg] options apply with server.secure_aggregation = secagg or secagg+ only");
+    for (const char* key :
+         {"secagg.stage_ms", "secagg.clip", "secagg.levels", "secagg.threshold", "secagg.degree"}) {
+      if (config.is_set(key)) {
+        throw ConfigError(std::string(key) +
+                          " applies with server.secure_aggregation = secagg or secagg+ only");
+      }
     }
     return;
   }

@@ -204,12 +204,15 @@ void SecAggRound::on_message(const Message& m, const transport::SecAgg& s) {
 void SecAggRound::finish_advertise() {
   for (const auto& [id, a] : adverts_) u1_.push_back(id);
   const std::size_t n = u1_.size();
-  degree_ = 0;
-  if (options_.kind == SecAggKind::kSecAggPlus) {
-    const std::size_t k = options_.degree != 0 ? options_.degree : secagg::default_degree(n);
-    if (k < n) degree_ = k;
-  }
-  threshold_ = secagg::default_threshold(degree_ == 0 ? n : degree_, options_.threshold);
+  // The degree and the threshold follow from the cohort the round selected, not from who
+  // advertised: dropping clients (or a server that drops them) cannot lower the threshold.
+  const std::size_t selected = cohort_.size();
+  std::size_t k = selected;
+  if (options_.kind == SecAggKind::kSecAggPlus)
+    k = std::min(selected, options_.degree != 0 ? std::size_t{options_.degree}
+                                                : secagg::default_degree(selected));
+  degree_ = k < n ? k : 0;  // 0: every member of U1 neighbours every other
+  threshold_ = secagg::default_threshold(k, options_.threshold);
   if (n < 2 || n < threshold_) {
     return fail(std::to_string(n) + " of " + std::to_string(cohort_.size()) +
                 " clients advertised keys within secagg.stage_ms; the threshold is " +
@@ -278,8 +281,7 @@ void SecAggRound::send_held(std::size_t shard) {
   try {
     (void)shards_.send(shard, std::move(e), transport::Payload{});
   } catch (const TransportError& ex) {
-    COHORT_LOG(Info) << "secure aggregation: held not sent to shard " << shard << ": "
-                     << ex.what();
+    COHORT_LOG(Info) << "secure aggregation: held not sent to shard " << shard << ": " << ex.what();
   }
 }
 

@@ -279,7 +279,11 @@ std::shared_ptr<FederatedMode::Transfer> FederatedMode::start_transfer(const Mes
   t.client = client_id(m.sender);
   const std::uint64_t round = m.envelope.round;
   std::string why = refusal(m, p);
-  if (!why.empty() && applied_.contains(m.sender) && round == open_round_) {
+  if (secure_ && !why.empty() && applied_.contains(m.sender) && round == open_round_) {
+    // Secure aggregation cannot tell a resend from a second, different input without reading
+    // it, and a second input would corrupt the sum: refused, the first stands.
+    why = "a second masked input for round " + std::to_string(round) + " (the first stands)";
+  } else if (!why.empty() && applied_.contains(m.sender) && round == open_round_) {
     // A resend of an update already folded in (its ack was lost, e.g. on a cut link):
     // acknowledge it again and ignore its bytes, so it counts once and is applied once.
     t.rejected = true;
