@@ -310,6 +310,8 @@ void Fleet::dispatch(Message& m) {
     on_pull_reply(*c, *r, m);
   } else if (auto* a = std::get_if<transport::PushAck>(&body)) {
     on_push_ack(*c, *a, m);
+  } else if (auto* sa = std::get_if<transport::SecAgg>(&body)) {
+    on_secagg(*c, m, *sa);
   }
 }
 
@@ -329,6 +331,8 @@ void Fleet::on_round_start(std::uint32_t c, const transport::RoundStart& rs) {
   if (collecting_.empty() || collecting_.back().round != rs.round) {
     collecting_.push_back(Collecting{rs.round, rs, {}, Clock::now()});
   }
+  // Secure aggregation: every selected client advertises its keys at once (R0).
+  if (rs.secure_aggregation) secagg_begin(c, rs);
   // Each client's RoundStart may ask for its own local steps (server.work = "deadline").
   collecting_.back().clients.push_back({c, rs.local_steps});
   collecting_.back().last_arrival = Clock::now();

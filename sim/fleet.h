@@ -21,6 +21,7 @@
 #include "cohort/client/dataset.h"
 #include "cohort/client/local_training.h"
 #include "cohort/client/partition.h"
+#include "cohort/client/secagg_session.h"
 #include "cohort/client/trainer.h"
 #include "cohort/core/buffer.h"
 #include "cohort/core/thread_pool.h"
@@ -29,6 +30,7 @@
 #include "cohort/server/population.h"
 #include "cohort/sim/sim.h"
 #include "cohort/transport/endpoint.h"
+#include "cohort/transport/secagg_messages.h"
 #include "memory_budgets.h"
 #include "options.h"
 #include "report.h"
@@ -212,6 +214,21 @@ class Fleet {
   void write_record(const RoundRecord& r);
   void progress_line(bool round_done);
 
+  // ---- secure aggregation (fleet_secagg.cc) -----------------------------------------------------
+
+  // A selected client's R0: its session, its advertisement.
+  void secagg_begin(std::uint32_t c, const transport::RoundStart& rs);
+  // The coordinator's stages for client c: keys (shares answered), forwarded shares, unmasking.
+  void on_secagg(std::uint32_t c, const transport::Message& m, const transport::SecAgg& sa);
+  void send_secagg(std::uint32_t c, std::uint64_t round, transport::SecAggStage stage,
+                   const transport::SecAggData& data);
+  // The job may push: no secure aggregation, or its forwarded shares are in.
+  [[nodiscard]] bool secagg_ready(const Job& job) const;
+  // The job's masked input (secagg_ready()).
+  std::shared_ptr<std::vector<std::uint32_t>> secagg_mask(const Job& job);
+  // The round's protocol cost on the virtual clock (seconds), and its bytes into `rec`.
+  double secagg_charge(const Active& a, RoundRecord& rec);
+
   const SimOptions sim_;
   const client::LocalTrainingRegistry& rules_;  // train.rule is made from it
   transport::Context& ctx_;
@@ -258,6 +275,14 @@ class Fleet {
   std::size_t training_ = 0;  // jobs handed to the training threads whose results are not in
   std::deque<std::pair<std::uint32_t, transport::ClientReport>> held_reports_;
   std::uint64_t starts_ = 0;
+  // Secure aggregation: the round's sessions, and what each client spent on the protocol.
+  struct SecAggClient {
+    std::unique_ptr<client::SecAggSession> session;
+    double cpu_s = 0;
+    std::uint64_t up = 0, down = 0;
+  };
+  std::map<std::uint32_t, SecAggClient> secagg_;
+  std::uint64_t secagg_round_ = 0;
   struct Spare {
     std::mutex mu;  // guards buffers
     std::vector<FloatBuffer> buffers;

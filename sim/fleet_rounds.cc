@@ -121,7 +121,9 @@ void Fleet::advance() {
     if (a.next_start >= a.completers && !completers_reported(a)) break;
     start_job(*a.jobs[a.next_start++]);
   }
-  while (a.next_push < a.completers && a.jobs[a.next_push]->trained) push(*a.jobs[a.next_push++]);
+  while (a.next_push < a.completers && a.jobs[a.next_push]->trained &&
+         secagg_ready(*a.jobs[a.next_push]))
+    push(*a.jobs[a.next_push++]);
   if (a.next_start == a.jobs.size() &&
       std::all_of(a.jobs.begin(), a.jobs.end(), [](const auto& j) { return j->done; })) {
     close_active();
@@ -266,7 +268,13 @@ void Fleet::collect_results() {
 }
 
 void Fleet::push(Job& job) {
-  const auto bytes = std::as_bytes(job.delta->span());
+  auto bytes = std::as_bytes(job.delta->span());
+  std::shared_ptr<const void> owner = job.delta;
+  if (job.rs.secure_aggregation) {
+    auto masked = secagg_mask(job);
+    bytes = std::as_bytes(std::span<const std::uint32_t>(*masked));
+    owner = std::move(masked);
+  }
   job.acks_pending = shards_.size();
   for (std::uint32_t i = 0; i < shards_.size(); ++i) {
     const auto& s = shards_[i];
@@ -277,10 +285,12 @@ void Fleet::push(Job& job) {
                               .train_loss = static_cast<float>(job.result.mean_loss)});
     std::get<transport::Push>(e.body).local_work =
         static_cast<float>(client::fednova_local_work(options_, job.result.steps));
+    if (job.rs.secure_aggregation)
+      std::get<transport::Push>(e.body).encoding = transport::Encoding::kMaskedU32;
     const auto slice = bytes.subspan(s.begin * sizeof(float), (s.end - s.begin) * sizeof(float));
     job.bytes_up += slice.size();
     // Zero copy: ZeroMQ holds the delta until the shard has folded it in.
-    send(i, job.client, std::move(e), transport::Payload{slice, job.delta});
+    send(i, job.client, std::move(e), transport::Payload{slice, owner});
   }
   job.pushed = true;
   job.delta.reset();
@@ -391,6 +401,13 @@ void Fleet::complete(Job& job) {
 
 void Fleet::close_active() {
   Active& a = *active_;
+  if (a.rs.secure_aggregation) {
+    // The protocol's stages lengthen the round on the virtual clock.
+    const double s = secagg_charge(a, a.record);
+    a.record.sim_round_s += s;
+    sim_now_ += s;
+    a.record.sim_total_s = sim_now_;
+  }
   a.record.wall_round_s = seconds_since(a.wall_start);
   a.record.memory_budgets = memory_.has_budgets();
   summary_.round_wall_seconds = seconds_since(first_round_wall_);

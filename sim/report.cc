@@ -60,6 +60,10 @@ void Reporter::write(const RoundRecord& r, double wall) {
     f.push_back(
         {"local_steps_mean", static_cast<double>(r.steps_sum) / static_cast<double>(r.updates)});
   }
+  if (r.secagg_bytes > 0) {
+    f.push_back({"secagg_seconds", r.secagg_s});
+    f.push_back({"secagg_bytes", r.secagg_bytes});
+  }
   if (r.memory_budgets) {
     f.push_back({"micro_batched", std::uint64_t{r.micro_batched}});
     f.push_back({"recomputed", std::uint64_t{r.recomputed}});

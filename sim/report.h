@@ -44,6 +44,9 @@ struct RoundRecord {
   bool evaluated = false;
   double test_loss = 0, test_accuracy = 0;
   bool has_accuracy = true;  // false for train.loss = mse: test_loss is the MSE, no accuracy
+  // Secure aggregation: the stages' share of sim_round_s, and their bytes (within `bytes`).
+  double secagg_s = 0;
+  std::uint64_t secagg_bytes = 0;
 };
 
 // What the progress line shows, filled in by the fleet.
