@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "cohort/core/error.h"
 
@@ -54,10 +55,15 @@ transport::SecAggData SecAggSession::on_keys(const transport::SecAggData& keys) 
                       .vector_size = static_cast<std::size_t>(vector_size_),
                       .degree = keys.degree,
                       .graph_seed = keys.graph_seed});
-  std::vector<secagg::Advertisement> u1;
-  u1.reserve(keys.members.size());
+  // U1: every id (keys.survivors), with the keys the coordinator sent (SecAgg+: this client's
+  // neighbours' only; the others' are never used).
+  std::map<std::uint32_t, secagg::Advertisement> by_id;
+  for (const auto id : keys.survivors) by_id[id] = {.client = id};
   for (const auto& m : keys.members)
-    u1.push_back({.client = m.id, .channel_public = m.channel_key, .mask_public = m.mask_key});
+    by_id[m.id] = {.client = m.id, .channel_public = m.channel_key, .mask_public = m.mask_key};
+  std::vector<secagg::Advertisement> u1;
+  u1.reserve(by_id.size());
+  for (const auto& [id, a] : by_id) u1.push_back(a);
   auto sealed = client_->share_keys(u1);
   weight_ = me->weight;
   clip_ = keys.clip;

@@ -229,18 +229,31 @@ void SecAggRound::finish_advertise() {
   keys.vector_size = vector_size_;
   keys.clip = options_.clip;
   keys.levels = options_.levels;
-  for (const auto id : u1_) {
+  keys.survivors = u1_;  // U1's ids: the graph is drawn over them
+  const auto member_of = [&](std::uint32_t id) {
     const Member& who = cohort_.at(by_id_.at(id));
     const auto& a = adverts_.at(id);
-    keys.members.push_back({.id = id,
-                            .node = who.node,
-                            .channel_key = a.channel_public,
-                            .mask_key = a.mask_public,
-                            .weight = who.weight});
-  }
+    return transport::SecAggMember{.id = id,
+                                   .node = who.node,
+                                   .channel_key = a.channel_public,
+                                   .mask_key = a.mask_public,
+                                   .weight = who.weight};
+  };
   stage_ = Stage::kShares;
   deadline_ = clock_.now() + options_.stage;
-  for (const auto id : u1_) send_data(cohort_.at(by_id_.at(id)).peer, SecAggStage::kKeys, keys);
+  if (degree_ == 0) {
+    for (const auto id : u1_) keys.members.push_back(member_of(id));
+    for (const auto id : u1_) send_data(cohort_.at(by_id_.at(id)).peer, SecAggStage::kKeys, keys);
+    return;
+  }
+  // SecAgg+: each member gets its own keys and its neighbours' only (O(k) keys, O(n) ids).
+  const auto graph = secagg::neighbourhoods(u1_, degree_, graph_seed_);
+  for (const auto id : u1_) {
+    keys.members.clear();
+    keys.members.push_back(member_of(id));
+    for (const auto v : graph.at(id)) keys.members.push_back(member_of(v));
+    send_data(cohort_.at(by_id_.at(id)).peer, SecAggStage::kKeys, keys);
+  }
 }
 
 void SecAggRound::finish_shares() {

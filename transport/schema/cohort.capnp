@@ -343,12 +343,14 @@ struct SecAggSeed {
 
 # The stage's data; each stage fills the fields its comment names.
 struct SecAggData {
-  members @0 :List(SecAggMember);   # advertise (the sender alone), keys (U1)
+  members @0 :List(SecAggMember);   # advertise (the sender alone), keys (U1, or SecAgg+: the
+                                    # addressee and its neighbours)
   threshold @1 :UInt32;             # keys
   degree @2 :UInt32;                # keys: 0 = every member neighbours every other (SecAgg)
   graphSeed @3 :Data;               # keys: the SecAgg+ ring's public seed (32 bytes)
   sealed @4 :List(SecAggSealed);    # shares, forwarded
-  survivors @5 :List(UInt32);       # unmask, seeds
+  survivors @5 :List(UInt32);       # keys: U1's ids (SecAgg+ sends each member only its
+                                    # neighbours' keys); unmask, seeds: U3
   selfMask @6 :List(SecAggShare);   # unmaskShares: shares of survivors' self-mask seeds
   maskKey @7 :List(SecAggShare);    # unmaskShares: shares of dropped members' mask keys
   seeds @8 :List(SecAggSeed);       # seeds
