@@ -334,17 +334,7 @@ class Participant {
     report.micro_batch = static_cast<std::uint32_t>(result.micro_batch);
     report.accumulation = static_cast<std::uint32_t>(result.accumulation);
     report.recompute = result.recompute;
-    const std::string memory_line =
-        name() + ": round " + std::to_string(rs.round) + ": " + std::to_string(result.steps) +
-        " steps, training memory peak " + std::to_string(result.peak_bytes) + " bytes (batch " +
-        std::to_string(options_train_.batch_size) + " as " + std::to_string(result.accumulation) +
-        " x " + std::to_string(result.micro_batch) +
-        (result.recompute ? ", recomputing activations" : "") + ")";
-    if (result.accumulation > 1 || result.recompute) {
-      COHORT_LOG(Info) << memory_line;
-    } else {
-      COHORT_LOG(Debug) << memory_line;
-    }
+    log_memory_plan(rs.round, result);
     if (report.train_seconds > 0) {
       report.samples_per_second =
           static_cast<float>(static_cast<double>(result.samples) / report.train_seconds);
@@ -382,9 +372,7 @@ class Participant {
                              : delta_bytes.subspan(s.begin * 4, (s.end - s.begin) * 4);
         },
         xo,
-        [&](std::size_t i) {
-          return compressor_ ? push_encoding(encoders_[i]->format()) : dense;
-        });
+        [&](std::size_t i) { return compressor_ ? push_encoding(encoders_[i]->format()) : dense; });
     const auto t_pushed = Clock::now();
     report.trained = pushed.accepted();
     if (!pushed.answered) report.message = "could not push before the deadline";
@@ -399,6 +387,21 @@ class Participant {
     report.links = merge_link_samples(pulled.links, pushed.links);
     report.round_seconds = std::chrono::duration<float>(Clock::now() - t0).count();
     send_report(report);
+  }
+
+  // The round's training memory plan: at Info when it micro-batches or recomputes, else Debug.
+  void log_memory_plan(std::uint64_t round, const TrainResult& result) const {
+    const std::string memory_line =
+        name() + ": round " + std::to_string(round) + ": " + std::to_string(result.steps) +
+        " steps, training memory peak " + std::to_string(result.peak_bytes) + " bytes (batch " +
+        std::to_string(options_train_.batch_size) + " as " + std::to_string(result.accumulation) +
+        " x " + std::to_string(result.micro_batch) +
+        (result.recompute ? ", recomputing activations" : "") + ")";
+    if (result.accumulation > 1 || result.recompute) {
+      COHORT_LOG(Info) << memory_line;
+    } else {
+      COHORT_LOG(Debug) << memory_line;
+    }
   }
 
   // Secure aggregation's R0 and R1 (secagg_session.h): advertise, take U1's keys, send the
@@ -488,8 +491,8 @@ class Participant {
     }
     while (!stopping() && Clock::now() < deadline) {
       std::optional<Message> m;
-      if (!deferred_.empty() && std::holds_alternative<transport::SecAgg>(
-                                    deferred_.front().envelope.body)) {
+      if (!deferred_.empty() &&
+          std::holds_alternative<transport::SecAgg>(deferred_.front().envelope.body)) {
         m = std::move(deferred_.front());
         deferred_.pop_front();
       } else {
@@ -648,9 +651,9 @@ class Participant {
   bool welcomed_ = false;         // a Welcome made the work's model (model_spec_)
   TrainerOptions options_train_;  // the coordinator's [train]
   ClientWork& work_;
-  std::string failure_;  // why run() returned 1
-  std::uint32_t client_index_ = 0;         // Welcome.client_index: the secure aggregation id
-  std::optional<SecAggSession> secagg_;    // the latest round's secure aggregation
+  std::string failure_;                  // why run() returned 1
+  std::uint32_t client_index_ = 0;       // Welcome.client_index: the secure aggregation id
+  std::optional<SecAggSession> secagg_;  // the latest round's secure aggregation
   FloatBuffer global_, delta_;
   std::unique_ptr<aggregation::Compressor> compressor_;  // null: plain fp32 pushes
   std::vector<std::unique_ptr<aggregation::PushEncoder>>

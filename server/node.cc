@@ -212,7 +212,8 @@ void Node::on_secagg(Message& m, const transport::SecAgg& sa) {
   Shard& shard = *shard_;
   if (sa.stage == transport::SecAggStage::kHeld) {
     transport::SecAggData held;
-    for (auto& node : shard.secagg_held(sa.round)) held.members.push_back({.node = std::move(node)});
+    for (auto& node : shard.secagg_held(sa.round))
+      held.members.push_back({.node = std::move(node)});
     auto bytes = std::make_shared<std::vector<std::byte>>(transport::encode_secagg(held));
     Envelope a;
     a.round = sa.round;

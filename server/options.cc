@@ -136,27 +136,32 @@ void validate_secure_aggregation(const Config& config, const std::string& rule) 
     }
     return;
   }
-  const std::string what =
-      "server.secure_aggregation = " + std::string(o.kind == SecAggKind::kSecAgg ? "secagg" : "secagg+");
+  const std::string what = "server.secure_aggregation = " +
+                           std::string(o.kind == SecAggKind::kSecAgg ? "secagg" : "secagg+");
   // The shards see only the sum of the masked inputs: a rule that looks at each update (a
   // median, Krum, a norm clip) or reweighs it per client cannot run on it.
   if (rule != "fedavg") {
-    throw ConfigError(what + " needs aggregator.name = fedavg (the shards see only the sum of the "
-                             "cohort's updates, not each one), got '" + rule + "'");
+    throw ConfigError(what +
+                      " needs aggregator.name = fedavg (the shards see only the sum of the "
+                      "cohort's updates, not each one), got '" +
+                      rule + "'");
   }
   if (parse_normalization(config) != Normalization::kNone) {
-    throw ConfigError(what + " does not combine with server.normalization = fednova (the shards "
-                             "cannot divide each update by its local work)");
+    throw ConfigError(what +
+                      " does not combine with server.normalization = fednova (the shards "
+                      "cannot divide each update by its local work)");
   }
   const std::int64_t cohort = config.get_int("server.clients_per_round");
   const double over = std::max(1.0, config.get_double("server.overselect"));
   const auto selected = static_cast<std::uint64_t>(std::ceil(static_cast<double>(cohort) * over));
-  const std::uint64_t most = (std::uint64_t{1} << 32) / o.levels - (((std::uint64_t{1} << 32) % o.levels) == 0 ? 1 : 0);
+  const std::uint64_t most =
+      (std::uint64_t{1} << 32) / o.levels - (((std::uint64_t{1} << 32) % o.levels) == 0 ? 1 : 0);
   if (selected > most) {
     throw ConfigError(what + ": " + std::to_string(selected) +
                       " clients per round (server.clients_per_round x server.overselect) would "
-                      "overflow the 32-bit sum at secagg.levels = " + std::to_string(o.levels) +
-                      " (at most " + std::to_string(most) + " inputs): lower secagg.levels");
+                      "overflow the 32-bit sum at secagg.levels = " +
+                      std::to_string(o.levels) + " (at most " + std::to_string(most) +
+                      " inputs): lower secagg.levels");
   }
   if (cohort < 2) throw ConfigError(what + " needs server.clients_per_round >= 2");
 }
@@ -315,6 +320,41 @@ ConfigSection optimizer_options(const Config& config) {
   return lr ? section.with("lr", *lr) : section;
 }
 
+// Client-level DP (dp.*) and secure aggregation (server.secure_aggregation, [secagg]):
+// docs/ALGORITHMS.md 8.3 and 8.5.
+void add_privacy_keys(ConfigSchema& s) {
+  s.add("server.secure_aggregation", std::string("none"),
+        "federated: none | secagg | secagg+. Secure aggregation (ALGORITHMS.md 8.1, 8.2): each "
+        "client masks its fixed-point update with pairwise masks whose seeds it shares (Shamir, "
+        "t of n) with the others (secagg) or with k = O(log n) neighbours (secagg+), so the "
+        "shards learn only the cohort's sum; up to n - t dropouts are recovered. Needs "
+        "aggregator.name = fedavg and no compressor on the clients")
+      .add("secagg.stage_ms", std::int64_t{30000},
+           "secure aggregation: how long the coordinator waits for each key stage (keys, shares, "
+           "unmasking); who has not answered by then has dropped")
+      .add("secagg.clip", 8.0,
+           "secure aggregation: the fixed-point range c; each client clips its weighted update "
+           "n_k/N x Delta_k to [-c, c] per coordinate before quantising")
+      .add("secagg.levels", std::int64_t{1} << 22,
+           "secure aggregation: the fixed-point levels Q (step 2c/Q); n Q < 2^32 bounds the cohort "
+           "(1023 clients at the default)")
+      .add("secagg.threshold", 0.5,
+           "secure aggregation: t = floor(threshold x k) + 1 of a client's k share holders "
+           "(itself and its neighbours) rebuild its secrets; from 0.5 to 1")
+      .add("secagg.degree", std::int64_t{0},
+           "secagg+: the neighbourhood size k, odd, counting the client (0: 2 ceil(log2 n) + 1)")
+      .add("dp.clip", 0.0,
+           "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
+           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
+      .add("dp.noise_multiplier", 0.0,
+           "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
+           "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
+      .add("dp.delta", 1e-5, "client-level DP: the delta of the reported (epsilon, delta)")
+      .add(
+          "dp.seed", std::int64_t{0},
+          "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
+}
+
 ConfigSchema config_schema() {
   const Registries builtins = builtin_registries();
   ConfigSchema s;
@@ -422,37 +462,8 @@ ConfigSchema config_schema() {
                        builtins.server_optimizers.names() +
                        ", and its options (lr, momentum, beta1, beta2, tau); without lr "
                        "each takes its own default, in data-parallel mode its "
-                       "gradient rate")
-      .add("server.secure_aggregation", std::string("none"),
-           "federated: none | secagg | secagg+. Secure aggregation (ALGORITHMS.md 8.1, 8.2): each "
-           "client masks its fixed-point update with pairwise masks whose seeds it shares (Shamir, "
-           "t of n) with the others (secagg) or with k = O(log n) neighbours (secagg+), so the "
-           "shards learn only the cohort's sum; up to n - t dropouts are recovered. Needs "
-           "aggregator.name = fedavg and no compressor on the clients")
-      .add("secagg.stage_ms", std::int64_t{30000},
-           "secure aggregation: how long the coordinator waits for each key stage (keys, shares, "
-           "unmasking); who has not answered by then has dropped")
-      .add("secagg.clip", 8.0,
-           "secure aggregation: the fixed-point range c; each client clips its weighted update "
-           "n_k/N x Delta_k to [-c, c] per coordinate before quantising")
-      .add("secagg.levels", std::int64_t{1} << 22,
-           "secure aggregation: the fixed-point levels Q (step 2c/Q); n Q < 2^32 bounds the cohort "
-           "(1023 clients at the default)")
-      .add("secagg.threshold", 0.5,
-           "secure aggregation: t = floor(threshold x k) + 1 of a client's k share holders "
-           "(itself and its neighbours) rebuild its secrets; from 0.5 to 1")
-      .add("secagg.degree", std::int64_t{0},
-           "secagg+: the neighbourhood size k, odd, counting the client (0: 2 ceil(log2 n) + 1)")
-      .add("dp.clip", 0.0,
-           "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
-           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
-      .add("dp.noise_multiplier", 0.0,
-           "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
-           "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
-      .add("dp.delta", 1e-5, "client-level DP: the delta of the reported (epsilon, delta)")
-      .add(
-          "dp.seed", std::int64_t{0},
-          "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
+                       "gradient rate");
+  add_privacy_keys(s);
   return s;
 }
 

@@ -389,8 +389,9 @@ Body read_body(wire::Envelope::Body::Reader b) {
     case wire::Envelope::Body::REPORT: return read_report(b.getReport());
     case wire::Envelope::Body::SEC_AGG: {
       auto r = b.getSecAgg();
-      return SecAgg{r.getRound(), checked_enum<SecAggStage>(static_cast<std::uint16_t>(r.getStage()),
-                                                            kSecAggStages, "stage")};
+      return SecAgg{r.getRound(),
+                    checked_enum<SecAggStage>(static_cast<std::uint16_t>(r.getStage()),
+                                              kSecAggStages, "stage")};
     }
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");
@@ -399,11 +400,10 @@ Body read_body(wire::Envelope::Body::Reader b) {
 }  // namespace
 
 std::string_view body_name(const Body& body) {
-  static constexpr std::string_view kNames[] = {"register", "welcome",    "heartbeat", "roundStart",
-                                                "pull",     "pullReply",  "push",      "pushAck",
-                                                "chunk",    "error",      "gossip",    "allreduce",
-                                                "bye",      "roundClose", "report",    "roundOpen",
-                                                "secAgg"};
+  static constexpr std::string_view kNames[] = {
+      "register", "welcome",    "heartbeat", "roundStart", "pull",   "pullReply",
+      "push",     "pushAck",    "chunk",     "error",      "gossip", "allreduce",
+      "bye",      "roundClose", "report",    "roundOpen",  "secAgg"};
   return kNames[body.index()];
 }
 

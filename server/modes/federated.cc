@@ -5,8 +5,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -75,8 +75,8 @@ class FederatedMode final : public ShardMode {
       if (dp_noise_ > 0) {
         // DP-FedAvg (8.4) with uniform weights: the mean of m updates clipped to S has
         // sensitivity S/m, so sigma = z S / m. compression_seed() only mixes the numbers.
-        const double m = static_cast<double>(secure_ ? applied_.size()
-                                                     : core_.aggregator->completed_updates());
+        const double m =
+            static_cast<double>(secure_ ? applied_.size() : core_.aggregator->completed_updates());
         aggregation::add_gaussian_noise(
             delta_.span(), aggregation::dp_fedavg_noise_stddev(dp_noise_, dp_clip_, 1.0, m),
             aggregation::compression_seed(dp_seed_, round, core_.index));
@@ -182,8 +182,8 @@ class FederatedMode final : public ShardMode {
   }
 
   ShardCore& core_;
-  const bool fednova_;                 // server.normalization = fednova
-  const bool secure_;                  // server.secure_aggregation: masked inputs only
+  const bool fednova_;  // server.normalization = fednova
+  const bool secure_;   // server.secure_aggregation: masked inputs only
   // Secure aggregation: the sum mod 2^32 of the open round's masked inputs over this range; the
   // round whose inputs stopped (the coordinator asked whose this shard holds); the seeds that
   // remove the masks, with the fixed point's range and levels and the survivors' weights.
@@ -341,8 +341,7 @@ std::shared_ptr<FederatedMode::Transfer> FederatedMode::start_transfer(const Mes
   return taken;
 }
 
-bool FederatedMode::feed_masked(Transfer& t, const Message& m, std::size_t skip,
-                                std::string& why) {
+bool FederatedMode::feed_masked(Transfer& t, const Message& m, std::size_t skip, std::string& why) {
   if (frozen_round_ == m.envelope.round) {
     why = "round " + std::to_string(m.envelope.round) + " takes no more masked inputs (unmasking)";
     return false;

@@ -97,7 +97,7 @@ struct RoundStart {
   bool evaluate_only = false;
   TrainingMode mode = TrainingMode::kFederated;
   std::uint32_t batch_size = 0;
-  std::uint32_t cohort_size = 0;  // federated: clients selected for the round (0: not said)
+  std::uint32_t cohort_size = 0;    // federated: clients selected for the round (0: not said)
   bool secure_aggregation = false;  // federated: the round runs the SecAgg stages
   bool operator==(const RoundStart&) const = default;
 };
