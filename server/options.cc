@@ -345,7 +345,8 @@ void add_privacy_keys(ConfigSchema& s) {
            "secagg+: the neighbourhood size k, odd, counting the client (0: 2 ceil(log2 n) + 1)")
       .add("dp.clip", 0.0,
            "client-level DP (DP-FedAvg): L2 bound S of an update; shards clip each update's range "
-           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S)")
+           "to S and weigh clients equally (0: off; clients clip with client.dp_clip = S; under "
+           "server.secure_aggregation the shards see no update, and client.dp_clip is the bound)")
       .add("dp.noise_multiplier", 0.0,
            "client-level DP: z; shards add N(0, (z S / m)^2) to each round's mean of m updates and "
            "shard 0 reports epsilon (RDP, Poisson sampling at q = cohort / clients) (0: no noise)")
