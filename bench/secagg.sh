@@ -34,7 +34,12 @@ for n in $cohorts; do
       --set server.eval_every=0 --set data.partition=$partition \
       --set server.secure_aggregation=$mode --set sim.metrics_file="$m" --set sim.progress=false \
       $([ "$mode" = none ] || echo --set secagg.stage_ms=3600000) \
-      >/dev/null 2>"$out/log" || { tail -5 "$out/log" >&2; exit 1; }
+      >/dev/null 2>"$out/log" || {
+      # A run that fails says why in its line, and the others still run.
+      /usr/bin/python3 -c 'import json,sys; print(json.dumps({"bench": "secagg", "mode": sys.argv[1], "clients_per_round": int(sys.argv[2]), "error": sys.argv[3], "cpu": sys.argv[4]}))' \
+        "$mode" "$n" "$(grep -v '^\s*$' "$out/log" | tail -1)" "$cpu"
+      continue
+    }
     /usr/bin/python3 - "$m" "$mode" "$n" "$cpu" <<'PY'
 import json, statistics, sys
 path, mode, n, cpu = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
