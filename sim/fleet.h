@@ -38,6 +38,11 @@
 
 namespace cohort::sim {
 
+// CPU time of the calling thread: local training's compute (or the protocol's, under secure
+// aggregation), not counting time the thread spent preempted by the fleet, the shards or the
+// other training threads.
+double thread_cpu_seconds();
+
 // A training thread's network and trainer; the fleet keeps one per thread.
 struct Slot {
   std::unique_ptr<kernels::Network> net;

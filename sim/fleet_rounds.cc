@@ -14,17 +14,12 @@
 #include "measurements.h"
 
 namespace cohort::sim {
-namespace {
 
-// CPU time of the calling thread: local training's compute, not counting time the thread spent
-// preempted by the fleet, the shards or the other training threads.
 double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
-
-}  // namespace
 
 using namespace std::chrono_literals;
 using transport::Endpoint;

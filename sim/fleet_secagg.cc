@@ -3,8 +3,6 @@
 // round's virtual clock is charged the stages: the slowest client's measured protocol compute,
 // the slowest stage transfer over its link, and four round trips (keys, shares, inputs,
 // unmasking). Private to sim/.
-#include <time.h>
-
 #include <algorithm>
 
 #include "cohort/core/error.h"
@@ -12,15 +10,6 @@
 #include "fleet.h"
 
 namespace cohort::sim {
-namespace {
-
-double thread_cpu_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-}  // namespace
 
 using transport::Envelope;
 using transport::Message;
@@ -41,11 +30,11 @@ void Fleet::secagg_begin(std::uint32_t c, const transport::RoundStart& rs) {
     secagg_.clear();
     secagg_round_ = rs.round;
   }
-  const double t0 = thread_cpu_now();
+  const double t0 = thread_cpu_seconds();
   auto& s = secagg_[c];
   s.session = std::make_unique<client::SecAggSession>(c, rs.round, model_size_);
   const auto advert = s.session->advertise();
-  s.cpu_s += thread_cpu_now() - t0;
+  s.cpu_s += thread_cpu_seconds() - t0;
   send_secagg(c, rs.round, SecAggStage::kAdvertise, advert);
 }
 
@@ -54,19 +43,19 @@ void Fleet::on_secagg(std::uint32_t c, const Message& m, const transport::SecAgg
   if (sa.round != secagg_round_ || it == secagg_.end() || !m.complete) return;
   auto& s = it->second;
   s.down += m.payload.size();
-  const double t0 = thread_cpu_now();
+  const double t0 = thread_cpu_seconds();
   try {
     const auto d = transport::decode_secagg(m.payload.span());
     if (sa.stage == SecAggStage::kKeys) {
       const auto shares = s.session->on_keys(d);
-      s.cpu_s += thread_cpu_now() - t0;
+      s.cpu_s += thread_cpu_seconds() - t0;
       send_secagg(c, sa.round, SecAggStage::kShares, shares);
       return;
     }
     if (sa.stage == SecAggStage::kForwarded) s.session->on_forwarded(d);
     if (sa.stage == SecAggStage::kUnmask) {
       const auto answer = s.session->on_unmask(d);
-      s.cpu_s += thread_cpu_now() - t0;
+      s.cpu_s += thread_cpu_seconds() - t0;
       send_secagg(c, sa.round, SecAggStage::kUnmaskShares, answer);
       return;
     }
@@ -74,7 +63,7 @@ void Fleet::on_secagg(std::uint32_t c, const Message& m, const transport::SecAgg
     COHORT_LOG(Warn) << name_of(c) << ": secure aggregation, round " << sa.round << ": "
                      << e.what();
   }
-  s.cpu_s += thread_cpu_now() - t0;
+  s.cpu_s += thread_cpu_seconds() - t0;
 }
 
 bool Fleet::secagg_ready(const Job& job) const {
@@ -85,11 +74,11 @@ bool Fleet::secagg_ready(const Job& job) const {
 
 std::shared_ptr<std::vector<std::uint32_t>> Fleet::secagg_mask(const Job& job) {
   auto& s = secagg_.at(job.client);
-  const double t0 = thread_cpu_now();
+  const double t0 = thread_cpu_seconds();
   const auto seed = sim_.data.seed * 7919ULL + job.rs.round * 104729ULL + job.client;
   auto y = std::make_shared<std::vector<std::uint32_t>>(
       s.session->masked_input(job.delta->span(), seed));
-  s.cpu_s += thread_cpu_now() - t0;
+  s.cpu_s += thread_cpu_seconds() - t0;
   return y;
 }
 

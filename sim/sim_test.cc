@@ -681,3 +681,41 @@ TEST_CASE("--processes runs the same configuration as cohort-server and cohort-c
 
 }  // namespace
 }  // namespace cohort::sim
+
+namespace cohort::sim {
+namespace {
+
+TEST_CASE("secure aggregation in cohort-sim: the same accuracy, the stages on the virtual clock") {
+  const std::vector<std::string> common{"sim.clients=30", "server.clients_per_round=12",
+                                        "server.rounds=3", "server.work=fixed"};
+  auto run_with = [&](const test::TempDir& dir, const std::string& mode) {
+    auto o = common;
+    o.push_back("server.secure_aggregation=" + mode);
+    const Summary s = run(make_config(dir, o));
+    CHECK(s.committed == 3);
+    return records(dir.path() / "sim.jsonl", "sim_round");
+  };
+  test::TempDir plain_dir, plus_dir, full_dir;
+  const auto plain = run_with(plain_dir, "none");
+  const auto plus = run_with(plus_dir, "secagg+");
+  const auto full = run_with(full_dir, "secagg");
+  REQUIRE(plain.size() == 3);
+  REQUIRE(plus.size() == 3);
+  REQUIRE(full.size() == 3);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK_FALSE(plain[r].contains("secagg_seconds"));
+    // The stages add time and bytes; SecAgg+'s neighbourhoods (k = 9 of 12) share less.
+    CHECK(plus[r]["secagg_seconds"].get<double>() > 0);
+    CHECK(plus[r]["sim_round_seconds"].get<double>() > plain[r]["sim_round_seconds"].get<double>());
+    CHECK(plus[r]["bytes"].get<std::uint64_t>() ==
+          plain[r]["bytes"].get<std::uint64_t>() + plus[r]["secagg_bytes"].get<std::uint64_t>());
+    CHECK(plus[r]["secagg_bytes"].get<std::uint64_t>() < full[r]["secagg_bytes"].get<std::uint64_t>());
+    // The unmasked mean is the plain mean up to the fixed point's rounding.
+    CHECK(plus[r]["test_accuracy"].get<double>() ==
+          doctest::Approx(plain[r]["test_accuracy"].get<double>()).epsilon(0.01));
+  }
+}
+
+}  // namespace
+}  // namespace cohort::sim
