@@ -710,7 +710,8 @@ TEST_CASE("secure aggregation in cohort-sim: the same accuracy, the stages on th
     CHECK(plus[r]["sim_round_seconds"].get<double>() > plain[r]["sim_round_seconds"].get<double>());
     CHECK(plus[r]["bytes"].get<std::uint64_t>() ==
           plain[r]["bytes"].get<std::uint64_t>() + plus[r]["secagg_bytes"].get<std::uint64_t>());
-    CHECK(plus[r]["secagg_bytes"].get<std::uint64_t>() < full[r]["secagg_bytes"].get<std::uint64_t>());
+    CHECK(plus[r]["secagg_bytes"].get<std::uint64_t>() <
+          full[r]["secagg_bytes"].get<std::uint64_t>());
     // The unmasked mean is the plain mean up to the fixed point's rounding.
     CHECK(plus[r]["test_accuracy"].get<double>() ==
           doctest::Approx(plain[r]["test_accuracy"].get<double>()).epsilon(0.01));
