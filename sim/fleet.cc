@@ -53,6 +53,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "cohort/client/idx.h"
 #include "cohort/client/shard_client.h"
@@ -148,7 +149,7 @@ Summary Fleet::run() {
     // While the training threads have more queued work than threads, a result can wait a few
     // milliseconds (its push goes out in order anyway): waking every millisecond then costs the
     // training threads more than it saves. Near the end of a round every millisecond counts.
-    const bool busy = in_flight_ > 0;
+    const bool busy = in_flight_ > 0 || secagg_tasks_ > 0;
     const bool queued = training_ > pool_.size();
     const int ready = Endpoint::poll(ep_ptrs_, !busy ? 20ms : queued ? 5ms : 1ms);
     if (ready >= 0) {
@@ -157,6 +158,7 @@ Summary Fleet::run() {
       }
     }
     collect_results();
+    collect_secagg();
     // Plan, then start: a round planned now starts its jobs before the next wait; and when
     // advance() closes the active round, the next one (its RoundStarts are usually in by then)
     // is planned and started at once, not after a poll timeout.
@@ -176,6 +178,13 @@ Summary Fleet::run() {
       j->done = true;
     }
     close_active();
+  }
+  // Secure aggregation's steps still on the training threads write into this fleet: wait for
+  // them (a step takes milliseconds to seconds).
+  const auto until = Clock::now() + 120s;
+  while (secagg_tasks_ > 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+    collect_secagg();
   }
   flush_records(true);
   reporter_.finish_progress();

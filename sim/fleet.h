@@ -95,6 +95,7 @@ class Fleet {
     // pulls_pending: 1 while it waits for the model; acks_pending: shards yet to ack its push.
     std::size_t pulls_pending = 0, acks_pending = 0;
     bool pulled = false, trained = false, pushed = false, done = false;
+    bool mask_requested = false;  // secure aggregation: its masked input is being made
     std::vector<std::string> refusals;
     client::TrainResult result;
     client::EvalResult eval;
@@ -227,9 +228,26 @@ class Fleet {
   void on_secagg(std::uint32_t c, const transport::Message& m, const transport::SecAgg& sa);
   void send_secagg(std::uint32_t c, std::uint64_t round, transport::SecAggStage stage,
                    const transport::SecAggData& data);
-  // The job may push: no secure aggregation, or its forwarded shares are in.
+  // What a session's step on a training thread produced: a stage to send, the masked input, or
+  // nothing (the shares opened); or why it failed.
+  struct SecAggOut {
+    std::optional<transport::SecAggStage> send;
+    transport::SecAggData data;
+    std::shared_ptr<std::vector<std::uint32_t>> masked;
+    std::string error;
+    std::uint32_t client = 0;
+    std::uint64_t round = 0;
+    double cpu_s = 0;
+  };
+  void secagg_task(std::uint32_t c, std::uint64_t round,
+                   std::function<SecAggOut(client::SecAggSession&)> step);
+  // Sends what the finished steps produced (the fleet's thread).
+  void collect_secagg();
+  // Masks the inputs of the round's trained completers whose shares are open (training threads).
+  void secagg_prepare_inputs(Active& a);
+  // The job may push: no secure aggregation, or its masked input is ready.
   [[nodiscard]] bool secagg_ready(const Job& job) const;
-  // The job's masked input (secagg_ready()).
+  // The job's masked input (secagg_ready()), handed over.
   std::shared_ptr<std::vector<std::uint32_t>> secagg_mask(const Job& job);
   // The round's protocol cost on the virtual clock (seconds), and its bytes into `rec`.
   double secagg_charge(const Active& a, RoundRecord& rec);
@@ -282,12 +300,17 @@ class Fleet {
   std::uint64_t starts_ = 0;
   // Secure aggregation: the round's sessions, and what each client spent on the protocol.
   struct SecAggClient {
-    std::unique_ptr<client::SecAggSession> session;
+    std::shared_ptr<client::SecAggSession> session;
+    bool opened = false;                                 // its forwarded shares are open
+    std::shared_ptr<std::vector<std::uint32_t>> masked;  // its masked input, until pushed
     double cpu_s = 0;
     std::uint64_t up = 0, down = 0;
   };
   std::map<std::uint32_t, SecAggClient> secagg_;
   std::uint64_t secagg_round_ = 0;
+  std::size_t secagg_tasks_ = 0;  // steps on the training threads whose results are not in
+  std::mutex secagg_mu_;          // guards secagg_done_
+  std::vector<SecAggOut> secagg_done_;
   struct Spare {
     std::mutex mu;  // guards buffers
     std::vector<FloatBuffer> buffers;

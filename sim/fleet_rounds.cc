@@ -116,6 +116,7 @@ void Fleet::advance() {
     if (a.next_start >= a.completers && !completers_reported(a)) break;
     start_job(*a.jobs[a.next_start++]);
   }
+  secagg_prepare_inputs(a);
   while (a.next_push < a.completers && a.jobs[a.next_push]->trained &&
          secagg_ready(*a.jobs[a.next_push]))
     push(*a.jobs[a.next_push++]);
