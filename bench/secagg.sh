@@ -8,8 +8,8 @@
 #    "wall_round_s":..,"bytes_per_round":..,"secagg_bytes_per_round":..,"secagg_bytes_per_client":..}
 # sim_round_s is on the virtual clock (the stages charged as fleet_secagg.cc says); wall_round_s
 # is this host's time for the whole federation (clients, coordinator and shard in one process).
-# The key stages wait up to an hour (secagg.stage_ms): plain SecAgg at 1000 clients per round
-# spends minutes of this host's time in the fleet's one thread agreeing keys.
+# The key stages and the round wait up to an hour (secagg.stage_ms, sim.wall_deadline_ms): plain
+# SecAgg at 1000 clients per round spends minutes of this host's time agreeing keys and masking.
 # Usage: bench/secagg.sh [ROUNDS (3)] [COHORTS ("10 100 1000")] [MODES ("none secagg secagg+")]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +33,7 @@ for n in $cohorts; do
       --set server.clients_per_round=$n --set server.min_updates=$n --set server.rounds=$r \
       --set server.eval_every=0 --set data.partition=$partition \
       --set server.secure_aggregation=$mode --set sim.metrics_file="$m" --set sim.progress=false \
-      $([ "$mode" = none ] || echo --set secagg.stage_ms=3600000) \
+      $([ "$mode" = none ] || echo --set secagg.stage_ms=3600000 --set sim.wall_deadline_ms=3600000) \
       >/dev/null 2>"$out/log" || {
       # A run that fails says why in its line, and the others still run.
       /usr/bin/python3 -c 'import json,sys; print(json.dumps({"bench": "secagg", "mode": sys.argv[1], "clients_per_round": int(sys.argv[2]), "error": sys.argv[3], "cpu": sys.argv[4]}))' \
