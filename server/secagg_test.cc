@@ -306,6 +306,32 @@ TEST_CASE(
   check_mean(h, with_input(h));
 }
 
+TEST_CASE("secure aggregation: dropouts at the key stages, within the threshold, are recovered") {
+  // Two never advertise, one advertises but sends no shares, one shares but sends no input, one
+  // sends its input but never unmasks: the stages wait out secagg.stage_ms for the missing, and
+  // the aggregate is the weighted mean of the seven inputs held.
+  Harness h(11);
+  h.clients[1].fate = Fate::kSilent;
+  h.clients[6].fate = Fate::kSilent;
+  h.clients[3].fate = Fate::kNoShares;
+  h.clients[8].fate = Fate::kNoInput;
+  h.clients[10].fate = Fate::kNoUnmask;
+  h.begin();
+  for (int stage = 0; stage < 2 && h.round->stage() != SecAggRound::Stage::kMasking; ++stage) {
+    h.clock.advance(h.options[0].secagg.stage + std::chrono::milliseconds(1));
+    h.round->tick();
+    h.pump();
+  }
+  REQUIRE(h.round->stage() == SecAggRound::Stage::kMasking);
+  h.push_inputs();
+  CHECK(h.complete.size() == 7);
+  h.close();
+  CAPTURE(h.round->failure());
+  REQUIRE(h.round->stage() == SecAggRound::Stage::kDone);
+  CHECK(h.round->survivors() == 7);
+  check_mean(h, with_input(h));
+}
+
 TEST_CASE("secure aggregation: more dropouts than the threshold fail the round with the reason") {
   SUBCASE("too few advertise keys") {
     Harness h(10);
