@@ -86,7 +86,8 @@ SERVER_KEYS = {
     "dp.clip", "dp.noise_multiplier", "dp.delta", "dp.seed",
     "server.normalization", "server.work", "server.min_local_steps", "server.max_local_steps",
     "server.deadline_margin", "server.batch_policy", "server.max_worker_batch",
-    "server.rebalance_every",
+    "server.rebalance_every", "server.secure_aggregation", "secagg.stage_ms", "secagg.clip",
+    "secagg.levels", "secagg.threshold", "secagg.degree",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",
