@@ -159,7 +159,7 @@ bool Coordinator::tick_federated(TimePoint now) {
       // Secure aggregation: the shards stop taking masked inputs, the survivors unmask; phase
       // one follows (tick_secagg()).
       state_ = State::kUnmasking;
-      if (secagg_->stage() == SecAggRound::Stage::kMasking) secagg_->close(completed_);
+      if (secagg_->stage() == SecAggRound::Stage::kMasking) secagg_->close();
       tick_secagg();
     } else {
       // Phase one: every shard's rule computes its aggregate; the round commits only if all could.

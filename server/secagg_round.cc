@@ -49,7 +49,6 @@ void SecAggRound::reset() {
   adverts_.clear();
   u1_.clear();
   shares_.clear();
-  complete_.clear();
   held_.clear();
   u3_.clear();
   responses_.clear();
@@ -274,9 +273,8 @@ void SecAggRound::finish_shares() {
   }
 }
 
-void SecAggRound::close(const std::set<NodeId>& complete) {
+void SecAggRound::close() {
   COHORT_CHECK(stage_ == Stage::kMasking) << "secure aggregation closes a masking round";
-  complete_ = complete;
   stage_ = Stage::kHeld;
   deadline_ = clock_.now() + options_.stage;
   held_.assign(shards_.count, {});

@@ -57,9 +57,9 @@ class SecAggRound {
   // (wrong round or stage, a sender outside the stage's set, a repeat, malformed data) are
   // refused: logged, answered with an ErrorBody, and without effect on the round.
   void on_message(const transport::Message& m, const transport::SecAgg& s);
-  // The round closes with `complete` (clients whose updates the coordinator counted as complete):
-  // freeze the shards, then unmask. REQUIRES stage() == kMasking.
-  void close(const std::set<NodeId>& complete);
+  // The round closes: freeze the shards, then unmask. U3 is whose masked inputs every shard holds
+  // (their held answers), not whose reports came. REQUIRES stage() == kMasking.
+  void close();
   // Deadlines and retries; call it from the coordinator's tick.
   void tick();
 
@@ -111,7 +111,6 @@ class SecAggRound {
   std::size_t threshold_ = 2, degree_ = 0;
   aggregation::secagg::Key graph_seed_{};
   std::map<std::uint32_t, std::vector<transport::SecAggSealed>> shares_;  // U2: sender -> sealed
-  std::set<NodeId> complete_;
   std::vector<Held> held_;
   TimePoint held_retry_;
   std::vector<std::uint32_t> u3_;  // sorted

@@ -188,7 +188,7 @@ struct Harness {
   // Closes the round: the held stage, the unmasking (waiting out secagg.stage_ms when some
   // survivors never answer).
   void close() {
-    round->close(complete);
+    round->close();
     pump();
     if (round->stage() == SecAggRound::Stage::kUnmask) {
       clock.advance(options[0].secagg.stage + std::chrono::milliseconds(1));
