@@ -27,12 +27,21 @@ void MetricsSink::write(std::string_view event, std::initializer_list<MetricFiel
   write(event, std::vector<MetricField>(fields));
 }
 
-void MetricsSink::write(std::string_view event, const std::vector<MetricField>& fields) {
-  if (!enabled_) return;
-  const std::string line = encode(event, fields);
+void MetricsSink::observe(MetricsObserver observer) {
   std::lock_guard lock(mu_);
-  out_ << line << '\n';
-  out_.flush();
+  observers_.push_back(std::move(observer));
+}
+
+void MetricsSink::write(std::string_view event, const std::vector<MetricField>& fields) {
+  if (!enabled_ && observers_.empty()) return;
+  std::string line;
+  if (enabled_) line = encode(event, fields);
+  std::lock_guard lock(mu_);
+  if (enabled_) {
+    out_ << line << '\n';
+    out_.flush();
+  }
+  for (const auto& o : observers_) o(event, fields);
 }
 
 }  // namespace cohort

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -17,10 +18,18 @@ namespace cohort {
 using MetricValue = std::variant<bool, std::int64_t, std::uint64_t, double, std::string>;
 using MetricField = std::pair<std::string, MetricValue>;
 
+// Sees every record a sink is given, in order (TensorBoard files, the HTTP endpoint's store).
+using MetricsObserver =
+    std::function<void(std::string_view event, const std::vector<MetricField>& fields)>;
+
 class MetricsSink {
  public:
   // Opens (truncates) `path`; throws ConfigError if it cannot be written. An empty path discards.
   explicit MetricsSink(const std::filesystem::path& path);
+  // Adds an observer that sees every record from now on, whether or not a file is written; it is
+  // called under the sink's lock, in the order the records are written. Set up before the sink
+  // is shared with other threads.
+  void observe(MetricsObserver observer);
   // Writes {"event": event, fields...} as one line and flushes it.
   void write(std::string_view event, std::initializer_list<MetricField> fields);
   void write(std::string_view event, const std::vector<MetricField>& fields);
@@ -28,8 +37,9 @@ class MetricsSink {
   static std::string encode(std::string_view event, const std::vector<MetricField>& fields);
 
  private:
-  std::mutex mu_;  // guards out_
+  std::mutex mu_;  // guards out_ and the observers' calls
   std::ofstream out_;
+  std::vector<MetricsObserver> observers_;
   bool enabled_ = false;
 };
 
