@@ -20,7 +20,7 @@ set(COHORT_PLUGIN_ABI ${CMAKE_MATCH_1})
 # selection and collectives are the libraries under aggregation/ that cohort_aggregation links
 # publicly (aggregation/CMakeLists.txt).
 set(COHORT_EXPORTED_LIBRARIES
-  warnings options core transport_security transport kernels
+  warnings options core transport_security transport kernels observe
   rules compression privacy selection collectives aggregation checkpoint server client)
 foreach(name IN LISTS COHORT_EXPORTED_LIBRARIES)
   set_target_properties(cohort_${name} PROPERTIES EXPORT_NAME ${name})
@@ -48,7 +48,7 @@ endforeach()
 
 # Every public header folder: <folder>/include/cohort/<name>/... lands in include/cohort/<name>/...
 # (aggregation's subfolders all hold include/cohort/aggregation/).
-foreach(dir core transport transport/security kernels
+foreach(dir core transport transport/security kernels observe
     aggregation aggregation/rules aggregation/compression aggregation/privacy aggregation/selection
     aggregation/collectives server server/checkpoint client)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
