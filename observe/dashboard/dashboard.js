@@ -324,6 +324,7 @@
 
   // ---- polling -------------------------------------------------------------------------------
   let finalRefresh = false;  // the state was terminal at the last poll: this poll is the last one
+  let lastUpdated = null;     // the time of the last poll that got every reply
 
   function describe(error) {
     return error instanceof Error ? error.message : String(error);
@@ -357,8 +358,11 @@
       return;
     }
     if (problems.length) {
-      showStatusLine(`${time}: ${problems.join('; ')}; retrying every ${POLL_MS / 1000} s`, 'error');
+      const what = networkOnly ? 'the server does not answer' : [...new Set(problems)].join('; ');
+      const shown = lastUpdated ? `; the figures shown are from ${lastUpdated}` : '';
+      showStatusLine(`${time}: ${what}; retrying every ${POLL_MS / 1000} s${shown}`, 'error');
     } else {
+      lastUpdated = time;
       showStatusLine(`Updated ${time}; ${hook.roundsShown} rounds shown; ` +
                      `refreshing every ${POLL_MS / 1000} s`);
     }

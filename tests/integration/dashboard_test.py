@@ -7,7 +7,8 @@
 Waits (at most --timeout seconds) until the page's test hook (window.cohortDashboard, set by
 observe/dashboard/dashboard.js) reports at least --min-rounds rounds and every chart holds that
 many points (the accuracy chart: at least one, as not every round is evaluated; none with
---no-accuracy), then saves a screenshot of the --window-sized viewport. Fails (exit 1) when the
+--no-accuracy), and with --until-finished until the run has ended and the page stopped polling
+(state finished or failed, one last refresh), then saves a screenshot of the --window-sized viewport. Fails (exit 1) when the
 page shows no curve in time, when the browser console logged an error (any SEVERE entry:
 JavaScript errors, failed loads), when the hook lists errors, or when the status header stayed
 empty. The browser, its driver and the fake server are stopped on every path out.
@@ -124,10 +125,18 @@ def start_browser(args, workdir):
     return driver
 
 
-def severe_entries(driver, seen):
+# Console messages of requests that got no reply at all (the server gone or not yet up).
+CONNECTION_ERRORS = ("net::ERR_CONNECTION_REFUSED", "net::ERR_CONNECTION_RESET",
+                     "net::ERR_EMPTY_RESPONSE", "net::ERR_CONNECTION_CLOSED")
+
+
+def severe_entries(driver, seen, allow_connection_errors):
     """Collects new browser-console entries into seen; returns the SEVERE ones among all."""
     seen.extend(driver.get_log("browser"))
-    return [e for e in seen if e.get("level") == "SEVERE"]
+    severe = [e for e in seen if e.get("level") == "SEVERE"]
+    if allow_connection_errors:
+        severe = [e for e in severe if not any(c in e.get("message", "") for c in CONNECTION_ERRORS)]
+    return severe
 
 
 def chart_shortfall(probe, args):
@@ -153,6 +162,8 @@ def chart_shortfall(probe, args):
             missing.append(f"#{chart_id} has {best} points, waiting for {need}")
     if probe["header"] in (None, "", "\u2013"):
         missing.append("the status header is empty")
+    if args.until_finished and not probe["stopped"]:
+        missing.append(f"the page still polls (state {probe['state']}), waiting for it to stop")
     return missing
 
 
@@ -163,7 +174,7 @@ def check_page(driver, args):
     probe, missing = None, ["not probed yet"]
     while time.monotonic() < deadline:
         probe = driver.execute_script(PROBE_JS)
-        severe = severe_entries(driver, console)
+        severe = severe_entries(driver, console, args.allow_connection_errors)
         if severe:
             raise Failure("the browser console logged errors:\n  " +
                           "\n  ".join(f"{e.get('source', '?')}: {e.get('message')}" for e in severe))
@@ -182,7 +193,7 @@ def check_page(driver, args):
         if not driver.save_screenshot(args.screenshot):
             raise Failure(f"could not write the screenshot {args.screenshot}")
     probe = driver.execute_script(PROBE_JS)
-    severe = severe_entries(driver, console)
+    severe = severe_entries(driver, console, args.allow_connection_errors)
     if severe or probe["errors"]:
         raise Failure(f"errors after the curves were drawn: console {severe}, page {probe['errors']}")
     return probe
@@ -197,6 +208,11 @@ def parse_args():
     parser.add_argument("--screenshot", help="write a PNG of the page here")
     parser.add_argument("--min-rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the curves")
+    parser.add_argument("--until-finished", action="store_true",
+                        help="also wait until the run ends and the page stops polling")
+    parser.add_argument("--allow-connection-errors", action="store_true",
+                        help="ignore console entries of requests refused or unanswered (a server "
+                             "that exits when its run ends)")
     parser.add_argument("--no-accuracy", action="store_true",
                         help="do not require an accuracy point (runs that never evaluate)")
     parser.add_argument("--window", default="1400x1000", help="viewport WIDTHxHEIGHT")
