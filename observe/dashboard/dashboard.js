@@ -111,23 +111,26 @@
       maintainAspectRatio: false,
       normalized: true,
       spanGaps: true,
-      interaction: { mode: 'index', intersect: false },
+      parsing: { xAxisKey: 'x', yAxisKey: 'y' },
+      interaction: { mode: 'nearest', axis: 'x', intersect: false },
       elements: {
-        point: { radius: (ctx) => (ctx.chart.data.labels.length > 60 ? 0 : 2.5), hoverRadius: 4 },
+        point: { radius: (ctx) => (ctx.dataset.data.length > 60 ? 0 : 2.5), hoverRadius: 4 },
         line: { borderWidth: 2, tension: 0.15 },
       },
       plugins: {
         legend: { position: 'top', align: 'end', labels: { boxWidth: 12, boxHeight: 12, padding: 10 } },
         tooltip: {
           callbacks: {
-            title: (items) => (items.length ? `round ${items[0].label}` : ''),
+            title: (items) => (items.length ? `round ${items[0].parsed.x}` : ''),
             label: (item) => `${item.dataset.label}: ${yTick(item.parsed.y)}`,
           },
         },
       },
       scales: {
-        x: { title: { display: true, text: 'round' }, ticks: { maxTicksLimit: 12, autoSkip: true },
-             grid: { display: false } },
+        // Rounds on a linear axis: ticks at round numbers, and rounds without a value (not
+        // evaluated, say) are simply absent from a dataset.
+        x: { type: 'linear', title: { display: true, text: 'round' },
+             ticks: { precision: 0, maxRotation: 0, maxTicksLimit: 12 }, grid: { display: false } },
         y: { ticks: { callback: (value) => yTick(value), maxTicksLimit: 6 } },
       },
     };
@@ -140,7 +143,7 @@
   function makeChart(id, type, datasets, yTick, tweak) {
     const options = baseOptions(yTick);
     if (tweak) tweak(options);
-    charts[id] = new window.Chart($(id), { type, data: { labels: [], datasets }, options });
+    charts[id] = new window.Chart($(id), { type, data: { datasets }, options });
   }
 
   function createCharts() {
@@ -163,6 +166,7 @@
       dataset('communication', COLORS.orange, 'comm_seconds'),
     ], secs, (o) => {
       o.scales.x.stacked = true;
+      o.scales.x.offset = true;  // whole bars at both ends
       o.scales.y.stacked = true;
       o.scales.y.beginAtZero = true;
       o.datasets = { bar: { categoryPercentage: 0.9, barPercentage: 0.95, maxBarThickness: 28 } };
@@ -173,33 +177,37 @@
     ], fmtBytes, (o) => { o.scales.y.beginAtZero = true; });
   }
 
+  const shownRounds = [];  // the round numbers in the charts, oldest first
+
   // Appends rounds newer than the last one drawn; returns how many were added.
   function addRounds(rounds) {
     let added = 0;
     for (const r of rounds) {
       if (!r || !isNum(r.round) || r.round <= hook.lastRound) continue;
       for (const chart of Object.values(charts)) {
-        chart.data.labels.push(r.round);
-        for (const ds of chart.data.datasets) ds.data.push(isNum(r[ds.field]) ? r[ds.field] : null);
+        for (const ds of chart.data.datasets) {
+          if (isNum(r[ds.field])) ds.data.push({ x: r.round, y: r[ds.field] });
+        }
       }
+      shownRounds.push(r.round);
       hook.lastRound = r.round;
       added += 1;
     }
     if (added === 0) return 0;
-    for (const chart of Object.values(charts)) {
-      const excess = chart.data.labels.length - MAX_POINTS;
-      if (excess > 0) {
-        chart.data.labels.splice(0, excess);
-        for (const ds of chart.data.datasets) ds.data.splice(0, excess);
+    if (shownRounds.length > MAX_POINTS) {
+      const cutoff = shownRounds[shownRounds.length - MAX_POINTS - 1];
+      shownRounds.splice(0, shownRounds.length - MAX_POINTS);
+      for (const chart of Object.values(charts)) {
+        for (const ds of chart.data.datasets) ds.data = ds.data.filter((p) => p.x > cutoff);
       }
-      chart.update('none');
     }
+    for (const chart of Object.values(charts)) chart.update('none');
     const accuracy = charts['chart-accuracy'];
     if (accuracy) {
-      const measured = accuracy.data.datasets[0].data.filter((v) => v !== null).length;
+      const measured = accuracy.data.datasets[0].data.length;
       setText('acc-note', measured === 0 ? 'not measured yet' : `${measured} evaluated rounds`);
     }
-    hook.roundsShown = charts['chart-loss'] ? charts['chart-loss'].data.labels.length : 0;
+    hook.roundsShown = Object.keys(charts).length ? shownRounds.length : 0;
     return added;
   }
 

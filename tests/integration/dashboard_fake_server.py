@@ -7,8 +7,8 @@ and synthetic /api/v1/status and /api/v1/rounds data that grows by one round eve
 1/--rounds-per-second seconds until --rounds rounds, after which the state is "finished".
 Python standard library only.
 
-  dashboard_fake_server.py [--port 0] [--rounds 30] [--rounds-per-second 1]
-                           [--port-file FILE] [--chart-js PATH] [--dashboard-dir DIR]
+  dashboard_fake_server.py [--port 0] [--rounds 30] [--rounds-per-second 1] [--clients 8]
+                           [--shards 2] [--port-file FILE] [--chart-js PATH] [--dashboard-dir DIR]
 
 Binds 127.0.0.1 only. With --port 0 the kernel picks a free port; the line "listening on
 http://127.0.0.1:PORT/" on stdout (and PORT in --port-file, when given) tells which. Stops on
@@ -164,6 +164,8 @@ def main():
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--rounds-per-second", type=float, default=1.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--port-file")
     parser.add_argument("--chart-js", default=DEFAULT_CHART_JS)
     parser.add_argument("--dashboard-dir", default=DEFAULT_DASHBOARD_DIR)
@@ -174,7 +176,7 @@ def main():
             hint = " (Debian package libjs-chart.js)" if path == args.chart_js else ""
             sys.exit(f"dashboard_fake_server: {path} is missing{hint}")
 
-    run = Run(args.rounds, args.rounds_per_second)
+    run = Run(args.rounds, args.rounds_per_second, args.clients, args.shards)
     server = ThreadingHTTPServer(("127.0.0.1", args.port),
                                  make_handler(run, args.dashboard_dir, args.chart_js))
     server.daemon_threads = True

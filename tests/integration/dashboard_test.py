@@ -39,7 +39,7 @@ const charts = {};
 for (const canvas of document.querySelectorAll('canvas')) {
   const chart = window.Chart ? window.Chart.getChart(canvas) : undefined;
   charts[canvas.id] = chart ? {
-    labels: chart.data.labels.length, width: canvas.clientWidth, height: canvas.clientHeight,
+    width: canvas.clientWidth, height: canvas.clientHeight,
     datasets: chart.data.datasets.map((d, i) => ({
       label: d.label, points: d.data.filter((v) => v !== null && v !== undefined).length,
       drawn: chart.getDatasetMeta(i).data.length})),
@@ -70,6 +70,7 @@ def start_fake_server(args, workdir):
     port_file = os.path.join(workdir, "port")
     command = [sys.executable, FAKE_SERVER, "--port", "0", "--port-file", port_file,
                "--rounds", str(args.fake_rounds), "--rounds-per-second", str(args.fake_rate),
+               "--clients", str(args.fake_clients),
                "--max-seconds", str(args.timeout + 120)]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, preexec_fn=on_parent_death_sigterm)
     deadline = time.monotonic() + 15
@@ -220,6 +221,7 @@ def parse_args():
                         help="seconds between the curves' showing and the screenshot")
     parser.add_argument("--fake-rounds", type=int, default=30)
     parser.add_argument("--fake-rate", type=float, default=2.0, help="fake rounds per second")
+    parser.add_argument("--fake-clients", type=int, default=8)
     parser.add_argument("--chromium")
     parser.add_argument("--chromedriver")
     args = parser.parse_args()
