@@ -174,7 +174,10 @@
     makeChart('chart-bytes', 'line', [
       dataset('total', COLORS.purple, 'bytes'),
       dataset('uplink', COLORS.green, 'uplink_bytes'),
-    ], fmtBytes, (o) => { o.scales.y.beginAtZero = true; });
+    ], fmtBytes, (o) => {
+      o.scales.y.beginAtZero = true;
+      o.scales.y.ticks.precision = 0;  // no fractions of a byte on an empty chart
+    });
   }
 
   const shownRounds = [];  // the round numbers in the charts, oldest first
