@@ -87,7 +87,7 @@ SERVER_KEYS = {
     "server.normalization", "server.work", "server.min_local_steps", "server.max_local_steps",
     "server.deadline_margin", "server.batch_policy", "server.max_worker_batch",
     "server.rebalance_every", "server.secure_aggregation", "secagg.stage_ms", "secagg.clip",
-    "secagg.levels", "secagg.threshold", "secagg.degree",
+    "secagg.levels", "secagg.threshold", "secagg.degree", "metrics.tensorboard_dir",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",

@@ -11,6 +11,7 @@
 #include "cohort/core/clock.h"
 #include "cohort/core/error.h"
 #include "cohort/core/log.h"
+#include "cohort/core/tensorboard.h"
 #include "cohort/core/thread_pool.h"
 #include "cohort/kernels/model_zoo.h"
 #include "cohort/kernels/network.h"
@@ -23,6 +24,7 @@
 #include "options.h"
 #include "outbox.h"
 #include "rendezvous.h"
+#include "round_report.h"
 #include "server_options.h"
 #include "shard.h"
 
@@ -123,7 +125,14 @@ class Node {
     write_port_file(options.node.port_file, ep_.url());
     COHORT_LOG(Info) << name_ << " listening on " << ep_.url()
                      << (ep_.is_secure() ? " (TLS)" : " (plaintext)");
-    if (index_ == 0) metrics_.emplace(options.metrics_file);
+    if (index_ == 0) {
+      metrics_.emplace(options.metrics_file);
+      if (!options.tensorboard_dir.empty()) {
+        tensorboard_.emplace(options.tensorboard_dir, round_scalars());
+        tensorboard_->attach(*metrics_);
+        COHORT_LOG(Info) << "TensorBoard scalars to " << tensorboard_->path().string();
+      }
+    }
     shard_.emplace(options, registries, out_, metrics_ ? &*metrics_ : nullptr);
     if (index_ == 0) {
       const std::string& spec = options.model.spec;
@@ -156,7 +165,8 @@ class Node {
   SteadyClock clock_;
   Endpoint ep_;
   EndpointOutbox out_;
-  std::optional<MetricsSink> metrics_;
+  std::optional<TensorBoardScalars> tensorboard_;  // shard 0 with metrics.tensorboard_dir
+  std::optional<MetricsSink> metrics_;             // after tensorboard_: it may write there
   std::optional<Shard> shard_;
   std::optional<Coordinator> coordinator_;
   std::optional<Endpoint> upstream_;

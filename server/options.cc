@@ -435,6 +435,10 @@ ConfigSchema config_schema() {
       .add("server.checkpoint_dir", std::string(""), "write checkpoints here (empty: none)")
       .add("server.checkpoint_every", std::int64_t{1}, "checkpoint every R committed rounds")
       .add("server.metrics_file", std::string("metrics.jsonl"), "JSON-lines metrics (shard 0)")
+      .add("metrics.tensorboard_dir", std::string(""),
+           "folder for TensorBoard event files: each round's metrics (train/loss, test/loss, "
+           "test/accuracy, round/seconds, bytes/round, dp/epsilon, ...) as scalars, step = "
+           "round; only shard 0 writes them, the other shards ignore the key (empty: none)")
       .add("model.spec", std::string("mlp:784-256-128-10"),
            "model: mlp:W0-...-Wn, cnn:lenet5, cnn:2conv, cnn:cifar")
       .add("model.seed", std::int64_t{1}, "seed of the initial model");

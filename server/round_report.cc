@@ -147,4 +147,21 @@ void RoundReport::print(const Line& line) {
   metrics_.write("round", f);
 }
 
+std::vector<ScalarEvent> round_scalars() {
+  return {{.event = "round",
+           .step_field = "round",
+           .tags = {{"train_loss", "train/loss"},
+                    {"test_loss", "test/loss"},
+                    {"test_accuracy", "test/accuracy"},
+                    {"round_seconds", "round/seconds"},
+                    {"train_seconds", "round/train_seconds"},
+                    {"comm_seconds", "round/comm_seconds"},
+                    {"bytes", "bytes/round"},
+                    {"uplink_bytes", "bytes/uplink"},
+                    {"total_bytes", "bytes/total"},
+                    {"clients", "clients/updates"},
+                    {"selected", "clients/selected"},
+                    {"dp_epsilon", "dp/epsilon"}}}};
+}
+
 }  // namespace cohort::server

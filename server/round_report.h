@@ -14,6 +14,7 @@
 
 #include "cohort/core/clock.h"
 #include "cohort/core/metrics.h"
+#include "cohort/core/tensorboard.h"
 #include "cohort/transport/messages.h"
 
 namespace cohort::server {
@@ -53,6 +54,12 @@ struct Line {
   void add(const TaskReport& r);
   [[nodiscard]] bool ready(TimePoint now) const;
 };
+
+// Which fields of the "round" records become TensorBoard scalars (metrics.tensorboard_dir),
+// step = the record's "round": train/loss, test/loss, test/accuracy, round/seconds,
+// round/train_seconds, round/comm_seconds, bytes/round, bytes/uplink, bytes/total,
+// clients/updates, clients/selected, dp/epsilon; each only in the records that have it.
+std::vector<ScalarEvent> round_scalars();
 
 class RoundReport {
  public:

@@ -199,6 +199,7 @@ ServerOptions server_options_from(const Config& c) {
   o.dataparallel.rebalance_every =
       static_cast<std::uint64_t>(std::max<std::int64_t>(1, c.get_int("server.rebalance_every")));
   o.metrics_file = c.get_string("server.metrics_file");
+  o.tensorboard_dir = c.get_string("metrics.tensorboard_dir");
   o.aggregator = c.section("aggregator");
   o.aggregator_name = o.aggregator.get_string("name", "fedavg");
   o.optimizer = optimizer_options(c);

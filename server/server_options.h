@@ -163,6 +163,7 @@ struct ServerOptions {
   Normalization normalization = Normalization::kNone;  // server.normalization (federated only)
   TrainForward train;
   std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
+  std::string tensorboard_dir;                 // metrics.tensorboard_dir (shard 0; empty: none)
   // The plug-in API: the registries' factories read these sections themselves.
   std::string aggregator_name = "fedavg";  // aggregator.name
   ConfigSection aggregator;                // [aggregator]

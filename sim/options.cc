@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 
 #include "cohort/aggregation/registries.h"
@@ -28,6 +29,11 @@ bool set_by_sim(std::string_view key) {
     if (key == k) return true;
   }
   return key.rfind("tls.", 0) == 0;
+}
+
+std::string server_tensorboard_dir(const Config& config) {
+  const std::string dir = config.get_string("metrics.tensorboard_dir");
+  return dir.empty() ? dir : (std::filesystem::path(dir) / "server").string();
 }
 
 namespace {
@@ -137,6 +143,8 @@ SimOptions sim_options_from(const Config& config, Runner runner) {
   o.profile.trace = config.get_string("sim.profile_trace");
   o.report.metrics_file = config.get_string("sim.metrics_file");
   o.report.csv_file = config.get_string("sim.csv_file");
+  if (const std::string tb = config.get_string("metrics.tensorboard_dir"); !tb.empty())
+    o.report.tensorboard_dir = (std::filesystem::path(tb) / "sim").string();
   o.report.progress = config.get_bool("sim.progress");
   if (runner == Runner::kInProcess) {
     o.micro_batch_slowdown = config.get_double("sim.micro_batch_slowdown");
@@ -165,6 +173,13 @@ ConfigSchema sim_config_schema() {
     if (set_by_sim(o.key)) continue;
     std::string help = o.help;
     if (o.key == "server.mode") help = "federated (the only mode cohort-sim simulates)";
+    if (o.key == "metrics.tensorboard_dir") {
+      help =
+          "folder for TensorBoard event files: the simulator's sim_round records as scalars "
+          "in DIR/sim (train/loss, test/accuracy, round/sim_seconds, bytes/round, ...; step = "
+          "round), the coordinator's round records in DIR/server (--processes: that one "
+          "only); empty: none";
+    }
     if (o.key == "server.round_deadline_ms") {
       help = "a round closes at this deadline, on the simulated clock (--processes: real time)";
     }

@@ -19,6 +19,11 @@ namespace cohort::sim {
 // ..., tls.*, transport.aead: its endpoints are in-process): such keys are not in its schema.
 bool set_by_sim(std::string_view key);
 
+// Where the shards' coordinator writes its TensorBoard scalars: metrics.tensorboard_dir/server,
+// beside the simulator's own in metrics.tensorboard_dir/sim (two runs in TensorBoard); empty
+// when the key is.
+std::string server_tensorboard_dir(const Config& config);
+
 // Which runner the options are for: each checks what it needs, and only that (--processes has no
 // device profiles, so it does not read profile.*).
 enum class Runner { kInProcess, kProcesses };
@@ -60,11 +65,13 @@ struct ProfileOptions {
   ProfileSpec spec;   // profile.*: parsed (in-process runner) only when `trace` is empty
 };
 
-// sim.metrics_file, sim.csv_file, sim.progress.
+// sim.metrics_file, sim.csv_file, sim.progress, metrics.tensorboard_dir.
 struct ReportOptions {
   std::string metrics_file;  // per-round JSON lines; empty: none
-  std::string csv_file;      // the same as CSV; empty: none
-  bool progress = true;      // live progress line on stderr
+  // The sim_round records as TensorBoard scalars: metrics.tensorboard_dir/sim; empty: none.
+  std::string tensorboard_dir;
+  std::string csv_file;  // the same as CSV; empty: none
+  bool progress = true;  // live progress line on stderr
 };
 
 struct SimOptions {

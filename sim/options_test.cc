@@ -36,6 +36,12 @@ TEST_CASE("sim_options_from fills the typed options, per runner, with the keys' 
   CHECK(o.profile.spec.online_min == doctest::Approx(0.2));
   CHECK(o.report.csv_file.empty());
   CHECK_FALSE(o.report.progress);
+  // metrics.tensorboard_dir: the simulator's scalars in DIR/sim, the coordinator's in DIR/server.
+  CHECK(o.report.tensorboard_dir.empty());
+  const Config tb = load({"metrics.tensorboard_dir=runs/a"});
+  CHECK(sim_options_from(tb, Runner::kInProcess).report.tensorboard_dir == "runs/a/sim");
+  CHECK(server_tensorboard_dir(tb) == "runs/a/server");
+  CHECK(server_tensorboard_dir(load({})).empty());
 
   // The in-process fleet simulates federated rounds and device profiles; --processes hands the
   // mode to cohort-server and has no profiles.

@@ -76,6 +76,10 @@ void write_server_toml(const Config& config, const std::filesystem::path& file,
   std::ofstream out(file);
   for (const auto& o : schema.options()) {
     if (set_by_sim(o.key) || o.key == "server.shards" || !config.is_set(o.key)) continue;
+    if (o.key == "metrics.tensorboard_dir") {
+      out << o.key << " = " << toml_value(server_tensorboard_dir(config)) << '\n';
+      continue;
+    }
     Value v;
     switch (o.type) {
       case ValueType::kBool: v = config.get_bool(o.key); break;

@@ -25,7 +25,37 @@ std::string human_duration(double s) {
   return buf;
 }
 
+namespace {
+
+// The sim_round fields written as TensorBoard scalars (metrics.tensorboard_dir/sim).
+std::vector<ScalarEvent> sim_round_scalars() {
+  return {{.event = "sim_round",
+           .step_field = "round",
+           .tags = {{"train_loss", "train/loss"},
+                    {"test_loss", "test/loss"},
+                    {"test_accuracy", "test/accuracy"},
+                    {"sim_round_seconds", "round/sim_seconds"},
+                    {"wall_round_seconds", "round/wall_seconds"},
+                    {"wall_train_seconds", "round/wall_train_seconds"},
+                    {"sim_seconds", "sim/seconds"},
+                    {"committed", "round/committed"},
+                    {"bytes", "bytes/round"},
+                    {"total_bytes", "bytes/total"},
+                    {"selected", "clients/selected"},
+                    {"completed", "clients/completed"},
+                    {"stragglers", "clients/stragglers"},
+                    {"silent", "clients/silent"},
+                    {"secagg_seconds", "secagg/seconds"},
+                    {"secagg_bytes", "secagg/bytes"}}}};
+}
+
+}  // namespace
+
 Reporter::Reporter(const ReportOptions& options) : metrics_(options.metrics_file) {
+  if (!options.tensorboard_dir.empty()) {
+    tensorboard_.emplace(options.tensorboard_dir, sim_round_scalars());
+    tensorboard_->attach(metrics_);
+  }
   progress_ = options.progress;
   tty_ = isatty(fileno(stderr)) != 0;
   const auto& csv = options.csv_file;

@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "cohort/core/metrics.h"
+#include "cohort/core/tensorboard.h"
 #include "cohort/core/units.h"
 #include "cohort/sim/sim.h"
 #include "options.h"
@@ -87,6 +89,7 @@ class Reporter {
   [[nodiscard]] const RoundRecord* last() const { return have_last_ ? &last_ : nullptr; }
 
  private:
+  std::optional<TensorBoardScalars> tensorboard_;  // before metrics_, which may write there
   MetricsSink metrics_;
   std::ofstream csv_;
   bool progress_ = true, tty_ = false;
