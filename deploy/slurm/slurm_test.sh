@@ -7,13 +7,15 @@
 # The cluster is Debian's slurm-wlm (packages slurmctld, slurmd, slurm-client, munge) with its own
 # configuration, munge key and state in a temporary folder; nothing in /etc is read or changed.
 # It starts one munged, one slurmctld and three slurmd (one per node name: Debian's Slurm is built
-# with multiple-slurmd support), all as background processes of this script, then submits two
-# jobs with `sbatch --wait`:
+# with multiple-slurmd support), all as background processes of this script, then submits these
+# jobs:
 #   1. --nodes=1: 2 shards and 2 clients share the node (the one-node layout of the script);
 #   2. --nodes=3: 2 shards on the first node, 2 clients on each of the other two (the default).
 # Each runs a few federated rounds with the script's mutual TLS on Fashion-MNIST; the test checks
 # the exit status, the job's output, the metrics file's rounds, the checkpoints and that the
-# certificate folder is gone. Every daemon and job is stopped on exit, also on failure.
+# certificate folder is gone. A third job, on one node, is cancelled with scancel after two rounds:
+# its certificate folder and processes must be gone. Every daemon and job is stopped on exit, also
+# on failure, and every wait is bounded.
 # Needs root (slurmd starts the job as the submitting user, and only root can do that for any
 # user): as another user it exits 77, which CTest reports as skipped. Missing packages fail.
 set -euo pipefail
@@ -112,16 +114,22 @@ cleanup() {
   rm -rf "$tmp"
   exit "$rc"
 }
-# Processes of this test's jobs that outlived their slurmd (only after a failure): the jobs' tasks
-# carry the test's marker variable in their environment.
-# shellcheck disable=SC2317
-stray_tasks() {
+# The processes of this test's jobs: they carry the test's marker variable in their environment.
+job_pids() {
   local p
   for p in /proc/[0-9]*; do
     if tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -cxF "$marker" >/dev/null; then
-      log "stopping a leftover job process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)"
-      kill -KILL "${p#/proc/}" 2>/dev/null || true
+      echo "${p#/proc/}"
     fi
+  done
+}
+# Job processes that outlived their slurmd (only after a failure).
+# shellcheck disable=SC2317
+stray_tasks() {
+  local p
+  for p in $(job_pids); do
+    log "stopping a leftover job process $p: $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline")"
+    kill -KILL "$p" 2>/dev/null || true
   done
 }
 trap cleanup EXIT
@@ -208,6 +216,10 @@ done
 log "cluster up: $(timeout 5 sinfo -h -N -o '%N:%T' | tr '\n' ' ')"
 
 # --- The jobs -------------------------------------------------------------------------------------
+# job_env ROUNDS: the jobs' --export (the marker, the binaries, free ports, short waits).
+job_env() {
+  echo "ALL,$marker,COHORT_BIN=$bin_dir,COHORT_PORT=$cohort_port,COHORT_READY_TIMEOUT=60,COHORT_SHUTDOWN_GRACE=30,COHORT_SERVER_ARGS=--server.rounds=$1 --server.work=fixed --train.steps=10 --server.round_deadline_ms=30000"
+}
 # run_job NAME NODES: submits cohort.sbatch and checks what it left.
 run_job() {
   local name="$1" count="$2" dir="$tmp/submit/$1" rc=0 start
@@ -215,7 +227,7 @@ run_job() {
   start=$SECONDS
   (cd "$dir" && timeout 300 sbatch --wait --job-name=cohort-slurm-test --nodes="$count" --time=5 \
     --output="$dir/job.out" \
-    --export="ALL,$marker,COHORT_BIN=$bin_dir,COHORT_PORT=$cohort_port,COHORT_READY_TIMEOUT=60,COHORT_SHUTDOWN_GRACE=30,COHORT_SERVER_ARGS=--server.rounds=$rounds --server.work=fixed --train.steps=10 --server.round_deadline_ms=30000" \
+    --export="$(job_env "$rounds")" \
     "$sbatch_script" >"$dir/sbatch.log" 2>&1) || rc=$?
   cp "$dir/job.out" "$tmp/submit/$name.out" 2>/dev/null || true
   [ "$rc" -eq 0 ] || fail "job $name (--nodes=$count): sbatch --wait exited $rc: $(cat "$dir/sbatch.log")"
@@ -236,4 +248,35 @@ run_job() {
 }
 run_job one-node 1 "2 shard(s) on $host; 2 client(s) on $host; "
 run_job three-nodes 3 "2 shard(s) on $host; 4 client(s) on $host-c1 $host-c2; "
-log "ok: cohort.sbatch ran $rounds rounds with 2 shards on one node (shared with 2 clients) and on three nodes (4 clients)"
+
+# scancel_job: a long federation on one node, cancelled once it has run two rounds. The script's
+# trap removes the certificate folder; Slurm stops the shards and clients.
+scancel_job() {
+  local dir="$tmp/submit/scancel" id metrics=() i done_rounds=0
+  mkdir -p "$dir"
+  id="$(cd "$dir" && timeout 30 sbatch --parsable --job-name=cohort-slurm-test --nodes=1 --time=5 \
+    --output="$dir/job.out" --export="$(job_env 100000)" "$sbatch_script")" ||
+    fail "sbatch of the job to cancel failed"
+  for ((i = 0; i < 120; i++)); do
+    metrics=("$dir"/cohort-metrics-*.jsonl)
+    [ -f "${metrics[0]}" ] && done_rounds="$(grep -c '"event":"round"' "${metrics[0]}" || true)"
+    [ "$done_rounds" -ge 2 ] && break
+    [ -n "$(timeout 5 squeue -h -j "$id" -o %i 2>/dev/null)" ] || fail "job $id ended before it was cancelled"
+    sleep 1
+  done
+  [ "$done_rounds" -ge 2 ] || fail "job $id did not run two rounds within 120 s"
+  [ -d "$dir/.cohort-pki-$id" ] || fail "job $id runs without its certificate folder"
+  [ -n "$(job_pids)" ] || fail "job $id runs but no process of it was found"
+  timeout 10 scancel "$id" || fail "scancel $id failed"
+  for ((i = 0; i < 90; i++)); do
+    [ -z "$(timeout 5 squeue -h -j "$id" -o %i 2>/dev/null)" ] && break
+    sleep 1
+  done
+  [ -z "$(timeout 5 squeue -h -j "$id" -o %i 2>/dev/null)" ] || fail "job $id still in the queue 90 s after scancel"
+  cp "$dir/job.out" "$tmp/submit/scancel.out" 2>/dev/null || true
+  [ ! -e "$dir/.cohort-pki-$id" ] || fail "job $id left its certificate folder after scancel"
+  [ -z "$(job_pids)" ] || fail "processes of job $id outlived scancel: $(job_pids | tr '\n' ' ')"
+  log "job scancel: cancelled after $done_rounds rounds; certificate folder and processes gone"
+}
+scancel_job
+log "ok: cohort.sbatch ran $rounds rounds with 2 shards on one node (shared with 2 clients) and on three nodes (4 clients), and cleaned up after scancel"
