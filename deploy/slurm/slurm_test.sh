@@ -221,17 +221,33 @@ job_env() {
   echo "ALL,$marker,COHORT_BIN=$bin_dir,COHORT_PORT=$cohort_port,COHORT_READY_TIMEOUT=60,COHORT_SHUTDOWN_GRACE=30,COHORT_SERVER_ARGS=--server.rounds=$1 --server.work=fixed --train.steps=10 --server.round_deadline_ms=30000"
 }
 # run_job NAME NODES: submits cohort.sbatch and checks what it left.
+# submit DIR NODES ROUNDS: submits cohort.sbatch from DIR and prints the job id.
+submit() {
+  (cd "$1" && timeout 30 sbatch --parsable --job-name=cohort-slurm-test --nodes="$2" --time=5 \
+    --output="$1/job.out" --export="$(job_env "$3")" "$sbatch_script") ||
+    fail "sbatch --nodes=$2 failed"
+}
+# wait_gone ID SECONDS: waits until job ID has left the queue (squeue shows pending, running and
+# completing jobs; its record stays for scontrol for MinJobAge, 300 s).
+wait_gone() {
+  local i
+  for ((i = 0; i < $2; i++)); do
+    [ -z "$(timeout 5 squeue -h -j "$1" -o %i 2>/dev/null)" ] && return 0
+    sleep 1
+  done
+  [ -z "$(timeout 5 squeue -h -j "$1" -o %i 2>/dev/null)" ] || fail "job $1 still in the queue after $2 s"
+}
 run_job() {
-  local name="$1" count="$2" dir="$tmp/submit/$1" rc=0 start
+  local name="$1" count="$2" dir="$tmp/submit/$1" id start info
   mkdir -p "$dir"
   start=$SECONDS
-  (cd "$dir" && timeout 300 sbatch --wait --job-name=cohort-slurm-test --nodes="$count" --time=5 \
-    --output="$dir/job.out" \
-    --export="$(job_env "$rounds")" \
-    "$sbatch_script" >"$dir/sbatch.log" 2>&1) || rc=$?
+  id="$(submit "$dir" "$count" "$rounds")"
+  wait_gone "$id" 240
+  info="$(timeout 5 scontrol show job "$id" 2>&1 || true)"
   cp "$dir/job.out" "$tmp/submit/$name.out" 2>/dev/null || true
-  [ "$rc" -eq 0 ] || fail "job $name (--nodes=$count): sbatch --wait exited $rc: $(cat "$dir/sbatch.log")"
-  log "job $name (--nodes=$count) finished in $((SECONDS - start)) s"
+  [[ "$info" == *"JobState=COMPLETED "*"ExitCode=0:0"* ]] ||
+    fail "job $name (--nodes=$count) did not complete with exit code 0: $(grep -o 'JobState=[^ ]*\|ExitCode=[^ ]*' <<<"$info" | tr '\n' ' ')"
+  log "job $name (--nodes=$count) completed in $((SECONDS - start)) s"
   local out="$dir/job.out" metrics=("$dir"/cohort-metrics-*.jsonl)
   grep -q "clients finished (exit status 0)" "$out" || fail "job $name: the clients did not exit 0"
   grep -q "shards finished (exit status 0)" "$out" || fail "job $name: the shards did not exit 0"
@@ -254,9 +270,7 @@ run_job three-nodes 3 "2 shard(s) on $host; 4 client(s) on $host-c1 $host-c2; "
 scancel_job() {
   local dir="$tmp/submit/scancel" id metrics=() i done_rounds=0
   mkdir -p "$dir"
-  id="$(cd "$dir" && timeout 30 sbatch --parsable --job-name=cohort-slurm-test --nodes=1 --time=5 \
-    --output="$dir/job.out" --export="$(job_env 100000)" "$sbatch_script")" ||
-    fail "sbatch of the job to cancel failed"
+  id="$(submit "$dir" 1 100000)"
   for ((i = 0; i < 120; i++)); do
     metrics=("$dir"/cohort-metrics-*.jsonl)
     [ -f "${metrics[0]}" ] && done_rounds="$(grep -c '"event":"round"' "${metrics[0]}" || true)"
@@ -268,11 +282,7 @@ scancel_job() {
   [ -d "$dir/.cohort-pki-$id" ] || fail "job $id runs without its certificate folder"
   [ -n "$(job_pids)" ] || fail "job $id runs but no process of it was found"
   timeout 10 scancel "$id" || fail "scancel $id failed"
-  for ((i = 0; i < 90; i++)); do
-    [ -z "$(timeout 5 squeue -h -j "$id" -o %i 2>/dev/null)" ] && break
-    sleep 1
-  done
-  [ -z "$(timeout 5 squeue -h -j "$id" -o %i 2>/dev/null)" ] || fail "job $id still in the queue 90 s after scancel"
+  wait_gone "$id" 90
   cp "$dir/job.out" "$tmp/submit/scancel.out" 2>/dev/null || true
   [ ! -e "$dir/.cohort-pki-$id" ] || fail "job $id left its certificate folder after scancel"
   [ -z "$(job_pids)" ] || fail "processes of job $id outlived scancel: $(job_pids | tr '\n' ' ')"
