@@ -1,8 +1,8 @@
 #include "cohort/observe/telemetry.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <stdexcept>
 
 namespace cohort::observe {
@@ -17,9 +17,9 @@ void append_value(std::string& out, double v) {
   } else if (v == std::floor(v) && std::fabs(v) < 1e15) {
     out += std::to_string(static_cast<long long>(v));
   } else {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    out += buf;
+    char buf[32];  // the shortest text that reads back as v
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
   }
 }
 

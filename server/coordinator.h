@@ -28,6 +28,7 @@
 #include "secagg_round.h"
 #include "server_options.h"
 #include "shard.h"
+#include "telemetry.h"
 
 namespace cohort::server {
 
@@ -47,6 +48,10 @@ class Coordinator {
   [[nodiscard]] const std::string& failure() const { return failure_; }
   // Sent in every Welcome: shards compare it to tell a restarted coordinator from a reconnect.
   [[nodiscard]] std::uint64_t epoch() const { return epoch_; }
+  // The membership and progress the HTTP endpoint shows (coordinator_snapshot.cc).
+  [[nodiscard]] CoordinatorSnapshot snapshot() const;
+  // The index of the shard whose node id is `id`, if it is one of this federation's shards.
+  [[nodiscard]] std::optional<std::uint32_t> shard_of(const NodeId& id) const;
 
   // Returns true if the message was the coordinator's (Register, ClientReport, a shard's
   // PushAck to a close, Heartbeat, Bye).

@@ -27,6 +27,7 @@
 #include "round_report.h"
 #include "server_options.h"
 #include "shard.h"
+#include "telemetry.h"
 
 namespace cohort::server {
 namespace {
@@ -133,6 +134,9 @@ class Node {
         COHORT_LOG(Info) << "TensorBoard scalars to " << tensorboard_->path().string();
       }
     }
+    telemetry_.emplace(options, index_);
+    if (metrics_) telemetry_->watch(*metrics_);
+    http_ = start_http(options.http, telemetry_->store());
     shard_.emplace(options, registries, out_, metrics_ ? &*metrics_ : nullptr);
     if (index_ == 0) {
       const std::string& spec = options.model.spec;
@@ -156,6 +160,10 @@ class Node {
   // A message from the coordinator (shards 1..n-1); true when it said training is finished.
   bool on_upstream(Message& m);
   void on_secagg(Message& m, const transport::SecAgg& sa);
+  // About once a second: the HTTP endpoint's figures; shards > 0 send theirs to shard 0.
+  void refresh_telemetry();
+  // Training is over: a last refresh, and server.http_linger_ms more of serving the endpoint.
+  void linger(const std::atomic<bool>& stop);
   // A message on the listening endpoint: the shard's, else the coordinator's, else refused.
   void on_listener(Message& m);
 
@@ -166,7 +174,10 @@ class Node {
   Endpoint ep_;
   EndpointOutbox out_;
   std::optional<TensorBoardScalars> tensorboard_;  // shard 0 with metrics.tensorboard_dir
-  std::optional<MetricsSink> metrics_;             // after tensorboard_: it may write there
+  std::optional<ServerTelemetry> telemetry_;       // before metrics_: its observer
+  std::unique_ptr<observe::HttpServer> http_;      // after telemetry_, which it serves
+  TimePoint next_refresh_;
+  std::optional<MetricsSink> metrics_;  // after tensorboard_: it may write there
   std::optional<Shard> shard_;
   std::optional<Coordinator> coordinator_;
   std::optional<Endpoint> upstream_;
@@ -234,7 +245,48 @@ void Node::on_secagg(Message& m, const transport::SecAgg& sa) {
   }
 }
 
+void Node::refresh_telemetry() {
+  telemetry_->refresh(ep_.stats(), shard_->stats());
+  if (coordinator_) telemetry_->refresh(coordinator_->snapshot());
+  if (upstream_ && welcomed_ && upstream_->is_ready()) {
+    auto bytes = std::make_shared<std::vector<std::byte>>(telemetry_->encode_samples());
+    Envelope e;
+    e.body = transport::Telemetry{.shard = index_};
+    upstream_->send({}, std::move(e), transport::Payload{*bytes, bytes});
+  }
+}
+
+void Node::linger(const std::atomic<bool>& stop) {
+  refresh_telemetry();
+  if (!http_ || options_.http.linger.count() == 0) return;
+  COHORT_LOG(Info) << name_ << ": serving " << http_->url() << " for "
+                   << options_.http.linger.count() << " ms more (server.http_linger_ms)";
+  // The listener stays read: the other shards' last figures come in now. Other messages are
+  // answered by nobody (training is over).
+  const auto until = clock_.now() + options_.http.linger;
+  Endpoint* listener[] = {&ep_};
+  while (!stop.load() && clock_.now() < until) {
+    if (Endpoint::poll(listener, 50ms) < 0) continue;
+    auto m = ep_.receive(0ms);
+    if (!m || !std::holds_alternative<transport::Telemetry>(m->envelope.body)) continue;
+    try {
+      on_listener(*m);
+    } catch (const ProtocolError& e) {
+      COHORT_LOG(Warn) << "dropped a message from " << m->sender << ": " << e.what();
+    }
+    refresh_telemetry();
+  }
+}
+
 void Node::on_listener(Message& m) {
+  if (const auto* t = std::get_if<transport::Telemetry>(&m.envelope.body)) {
+    // Only a shard of this federation speaks for itself; anything else is dropped.
+    if (coordinator_ && m.complete && m.offset == 0 &&
+        coordinator_->shard_of(m.sender) == t->shard) {
+      telemetry_->on_remote(t->shard, m.payload.span());
+    }
+    return;
+  }
   if (shard_->ready() && shard_->handle(m)) return;
   if (coordinator_ && coordinator_->handle(m)) return;
   if (std::holds_alternative<transport::ErrorBody>(m.envelope.body)) return;
@@ -273,6 +325,7 @@ int Node::serve(const std::atomic<bool>& stop) {
           if (ready == 1) {  // from the coordinator
             if (on_upstream(*m)) {
               shard_->checkpoint();
+              linger(stop);
               return 0;
             }
           } else {
@@ -283,11 +336,16 @@ int Node::serve(const std::atomic<bool>& stop) {
         }
       }
     }
+    if (clock_.now() >= next_refresh_) {
+      refresh_telemetry();
+      next_refresh_ = clock_.now() + 1s;
+    }
     if (coordinator_) {
       coordinator_->tick();
       if (coordinator_->finished()) {
         shard_->checkpoint();
         std::this_thread::sleep_for(300ms);  // let the goodbyes leave
+        linger(stop);
         if (!coordinator_->failure().empty()) throw TrainingError(coordinator_->failure());
         return 0;
       }

@@ -200,11 +200,40 @@ ServerOptions server_options_from(const Config& c) {
       static_cast<std::uint64_t>(std::max<std::int64_t>(1, c.get_int("server.rebalance_every")));
   o.metrics_file = c.get_string("server.metrics_file");
   o.tensorboard_dir = c.get_string("metrics.tensorboard_dir");
+  o.http = parse_http_endpoint(c, o.node, o.transport.tls);
   o.aggregator = c.section("aggregator");
   o.aggregator_name = o.aggregator.get_string("name", "fedavg");
   o.optimizer = optimizer_options(c);
   o.optimizer_name = c.section("server_optimizer").get_string("name", "sgd");
   return o;
+}
+
+HttpEndpointOptions parse_http_endpoint(const Config& c, const NodeOptions& node,
+                                        const TlsOptions& tls) {
+  HttpEndpointOptions h;
+  const std::string address = c.get_string("server.http");
+  h.port_file = c.get_string("server.http_port_file");
+  const auto linger = c.get_int("server.http_linger_ms");
+  if (linger < 0) throw ConfigError("server.http_linger_ms must be >= 0");
+  h.linger = std::chrono::milliseconds(linger);
+  if (address == "off") return h;
+  h.explicitly_set = !address.empty();
+  if (!h.explicitly_set && node.index != 0) return h;
+  h.enabled = true;
+  h.http =
+      observe::parse_http_address(h.explicitly_set ? address : "127.0.0.1:9100", "server.http");
+  if (!observe::is_loopback(h.http.host)) {
+    if (tls.insecure || tls.cert_file.empty() || tls.key_file.empty()) {
+      throw ConfigError(
+          "server.http = " + address +
+          " is not a loopback address: it serves HTTPS with the shard's certificate, and this "
+          "shard has none (tls.insecure, or no tls.cert_file/tls.key_file). Bind 127.0.0.1 and "
+          "put a TLS reverse proxy in front (deploy/README.md)");
+    }
+    h.http.cert_file = tls.cert_file;
+    h.http.key_file = tls.key_file;
+  }
+  return h;
 }
 
 RendezvousOptions rendezvous_options_from(const Config& c) {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "cohort/core/config.h"
+#include "cohort/observe/http_server.h"
 #include "cohort/transport/endpoint.h"
 
 #include "mode.h"
@@ -148,6 +149,20 @@ struct TrainForward {
   bool regression = false;
 };
 
+// server.http*: the read-only HTTP endpoint (observe/).
+struct HttpEndpointOptions {
+  bool enabled = false;
+  bool explicitly_set = false;  // server.http named an address: failing to bind it is an error
+  observe::HttpOptions http;    // with the certificate and key for a non-loopback address
+  std::string port_file;        // server.http_port_file
+  std::chrono::milliseconds linger{0};  // server.http_linger_ms
+};
+
+// server.http for shard `node.index`, checked. Throws ConfigError naming the key for a bad
+// address, or for a non-loopback one without TLS.
+HttpEndpointOptions parse_http_endpoint(const Config& config, const NodeOptions& node,
+                                        const TlsOptions& tls);
+
 struct ServerOptions {
   Modes modes;  // server.mode, server.consistency
   NodeOptions node;
@@ -164,6 +179,7 @@ struct ServerOptions {
   TrainForward train;
   std::string metrics_file = "metrics.jsonl";  // server.metrics_file (shard 0)
   std::string tensorboard_dir;                 // metrics.tensorboard_dir (shard 0; empty: none)
+  HttpEndpointOptions http;                    // server.http, server.http_port_file
   // The plug-in API: the registries' factories read these sections themselves.
   std::string aggregator_name = "fedavg";  // aggregator.name
   ConfigSection aggregator;                // [aggregator]

@@ -31,6 +31,11 @@ ShardCore::ShardCore(const CheckpointOptions& checkpoint, Outbox& o, std::uint32
 }
 
 void ShardCore::reply_ack(const Message& m, bool ok, std::string reason) {
+  if (ok) {
+    ++stats.accepted;
+  } else {
+    ++stats.refused[reason_class(reason)];
+  }
   Envelope e;
   e.round = m.envelope.round;
   e.body = transport::PushAck{.accepted = ok, .reason = std::move(reason), .version = version};
@@ -68,6 +73,7 @@ void ShardCore::serve_pull(const Message& m, const transport::Pull& p, std::uint
   }
   const auto slice = std::span<const float>(pull_snapshot_->data(), size())
                          .subspan(p.begin - begin, p.end - p.begin);
+  stats.pull_bytes += slice.size_bytes();
   out.send(m.peer, std::move(e), transport::Payload{as_bytes(slice), pull_snapshot_});
 }
 
@@ -86,7 +92,9 @@ void ShardCore::checkpoint() {
     s.optimizer_state.emplace_back(name, FloatBuffer(span));
   try {
     store->save(s);
+    stats.last_checkpoint = std::chrono::steady_clock::now();
   } catch (const DataError& e) {
+    ++stats.checkpoint_failures;
     COHORT_LOG(Error) << "checkpoint failed, the previous one stays: " << e.what();
   }
 }
@@ -211,6 +219,7 @@ bool Shard::handle(Message& m) {
     return true;
   }
   if (auto* p = std::get_if<transport::Push>(&m.envelope.body)) {
+    core_.stats.push_bytes += m.payload.size();
     mode_->on_push(m, *p);
     return true;
   }

@@ -40,6 +40,7 @@ class Shard {
   [[nodiscard]] std::size_t size() const { return core_.size(); }
   [[nodiscard]] std::uint64_t version() const { return core_.version; }
   [[nodiscard]] std::uint64_t last_closed() const { return core_.last_closed; }
+  [[nodiscard]] const ShardStats& stats() const { return core_.stats; }
   [[nodiscard]] std::span<const float> params() const { return core_.params().span(); }
   // The aggregation rule's name, and the fewest complete updates with which it can aggregate.
   [[nodiscard]] const std::string& rule_name() const { return core_.aggregator_name; }

@@ -3,7 +3,9 @@
 // mode's policy (ShardMode), one per server.mode under modes/. Internal to the server library.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +36,19 @@ struct Prepared {
 // the remainder spread over the first shards).
 std::pair<std::uint64_t, std::uint64_t> shard_range(std::uint64_t size, std::uint32_t shards,
                                                     std::uint32_t index);
+
+// A refusal's or a failed round's reason as a label value (late, non_finite, malformed, ...): a
+// few words, not the message (telemetry.cc).
+std::string reason_class(const std::string& reason);
+
+// What a shard counts for its HTTP endpoint (telemetry.h).
+struct ShardStats {
+  std::uint64_t accepted = 0;                    // updates acked as accepted
+  std::map<std::string, std::uint64_t> refused;  // updates refused, by reason_class()
+  std::uint64_t push_bytes = 0, pull_bytes = 0;  // update bytes received, model bytes served
+  std::uint64_t checkpoint_failures = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_checkpoint;
+};
 
 // The state a shard's modes share. Not thread-safe: one thread drives the shard.
 struct ShardCore {
@@ -80,6 +95,7 @@ struct ShardCore {
     snapshot_current_ = false;
     params_ = std::move(p);
   }
+  ShardStats stats;
   std::uint64_t version = 0;
   std::uint64_t committed = 0;       // rounds committed by this process (checkpoint cadence)
   std::uint64_t last_closed = 0;     // the last round (FedBuff: step) closed

@@ -161,6 +161,7 @@ struct Writer {
     a.setElements(m.elements);
   }
   void operator()(const Bye& m) { b.initBye().setReason(m.reason); }
+  void operator()(const Telemetry& m) { b.initTelemetry().setShard(m.shard); }
   void operator()(const RoundOpen& m) {
     auto r = b.initRoundOpen();
     r.setRound(m.round);
@@ -393,6 +394,7 @@ Body read_body(wire::Envelope::Body::Reader b) {
                     checked_enum<SecAggStage>(static_cast<std::uint16_t>(r.getStage()),
                                               kSecAggStages, "stage")};
     }
+    case wire::Envelope::Body::TELEMETRY: return Telemetry{b.getTelemetry().getShard()};
   }
   throw ProtocolError("envelope has an unknown body (newer protocol?)");
 }
@@ -403,7 +405,7 @@ std::string_view body_name(const Body& body) {
   static constexpr std::string_view kNames[] = {
       "register", "welcome",    "heartbeat", "roundStart", "pull",   "pullReply",
       "push",     "pushAck",    "chunk",     "error",      "gossip", "allreduce",
-      "bye",      "roundClose", "report",    "roundOpen",  "secAgg"};
+      "bye",      "roundClose", "report",    "roundOpen",  "secAgg", "telemetry"};
   return kNames[body.index()];
 }
 

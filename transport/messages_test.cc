@@ -70,6 +70,7 @@ std::vector<Body> every_body() {
                    true},
       RoundOpen{8, {"client-1", "client-7", "c00042"}},
       SecAgg{8, SecAggStage::kUnmaskShares},
+      Telemetry{3},
   };
 }
 

@@ -56,14 +56,16 @@ def check(ok, message):
 def setup_venv(venv):
     """Makes VENV with tensorboard unless it already imports there. Exits non-zero on failure."""
     py = os.path.join(venv, "bin", "python")
-    probe = [py, "-c", "import tensorboard.backend.event_processing.event_accumulator"]
+    # prometheus_client: the exposition-format parser of http_endpoint_test.py, same venv.
+    probe = [py, "-c", "import tensorboard.backend.event_processing.event_accumulator, "
+             "prometheus_client.parser"]
     if os.path.exists(py) and subprocess.run(probe, capture_output=True, timeout=120).returncode == 0:
         print(f"{venv}: tensorboard already installed")
         return 0
     # Debian's interpreter (python3-venv): python3 on PATH may be another build.
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", venv], check=True, timeout=300)
     subprocess.run([py, "-m", "pip", "install", "--disable-pip-version-check", "--quiet",
-                    "tensorboard"], check=True, timeout=1200)
+                    "tensorboard", "prometheus_client"], check=True, timeout=1200)
     r = subprocess.run(probe, capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         print(f"tensorboard does not import in {venv}: {r.stderr}", file=sys.stderr)

@@ -42,6 +42,7 @@ struct Envelope {
     report @20 :ClientReport;
     roundOpen @22 :RoundOpen;
     secAgg @23 :SecAgg;
+    telemetry @24 :Telemetry;
   }
 
   # A reply through a multiplexed connection (one in-process socket speaking for many virtual
@@ -230,6 +231,12 @@ struct AllreduceChunk {
 }
 
 # Orderly leave.
+# A shard's figures for shard 0's HTTP endpoint (shard -> coordinator, about every 2 s): the
+# payload is JSON, {"samples": [[name, labels, value], ...], "row": {...}} (server/telemetry.h).
+struct Telemetry {
+  shard @0 :UInt32;
+}
+
 struct Bye {
   reason @0 :Text;
 }

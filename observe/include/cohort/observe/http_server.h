@@ -27,7 +27,7 @@ struct HttpOptions {
   int port = 9100;  // 0: any free port (see HttpServer::port())
   // HTTPS with this certificate and key when both are set (TLS 1.3 only), plain HTTP otherwise.
   std::string cert_file, key_file;
-  int threads = 4;
+  int threads = 8;  // connections served at once (each held at most read_timeout per read)
   std::chrono::seconds read_timeout{5};
 };
 

@@ -254,9 +254,15 @@ struct SecAgg {
   bool operator==(const SecAgg&) const = default;
 };
 
+// A shard's figures for shard 0's HTTP endpoint; the JSON is in the payload.
+struct Telemetry {
+  std::uint32_t shard = 0;
+  bool operator==(const Telemetry&) const = default;
+};
+
 using Body = std::variant<Register, Welcome, Heartbeat, RoundStart, Pull, PullReply, Push, PushAck,
                           ChunkHeader, ErrorBody, GossipExchange, AllreduceChunk, Bye, RoundClose,
-                          ClientReport, RoundOpen, SecAgg>;
+                          ClientReport, RoundOpen, SecAgg, Telemetry>;
 
 // The name of a body's type as the schema spells it ("push", "pullReply", ...), for logs.
 std::string_view body_name(const Body& body);
