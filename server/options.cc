@@ -356,6 +356,20 @@ void add_privacy_keys(ConfigSchema& s) {
           "seed of the DP noise (0: random; a fixed seed makes the noise predictable: tests only)");
 }
 
+// server.http*: the read-only HTTP endpoint (observe/).
+void add_http_keys(ConfigSchema& s) {
+  s.add("server.http", std::string(""),
+        "read-only HTTP endpoint host:port: the dashboard at /, Prometheus text at /metrics, "
+        "the JSON API at /api/v1/ (docs/HTTP_API.md). Empty: 127.0.0.1:9100 on shard 0 (if "
+        "that port is free) and none on the other shards; off: none. A non-loopback address "
+        "serves HTTPS with tls.cert_file and tls.key_file (refused with tls.insecure); port 0 "
+        "picks a free port")
+      .add("server.http_port_file", std::string(""),
+           "write the HTTP endpoint's bound port to this file")
+      .add("server.http_linger_ms", std::int64_t{0},
+           "keep serving the HTTP endpoint this long after training finishes (a last scrape)");
+}
+
 ConfigSchema config_schema() {
   const Registries builtins = builtin_registries();
   ConfigSchema s;
@@ -435,16 +449,6 @@ ConfigSchema config_schema() {
       .add("server.checkpoint_dir", std::string(""), "write checkpoints here (empty: none)")
       .add("server.checkpoint_every", std::int64_t{1}, "checkpoint every R committed rounds")
       .add("server.metrics_file", std::string("metrics.jsonl"), "JSON-lines metrics (shard 0)")
-      .add("server.http", std::string(""),
-           "read-only HTTP endpoint host:port: the dashboard at /, Prometheus text at /metrics, "
-           "the JSON API at /api/v1/ (docs/HTTP_API.md). Empty: 127.0.0.1:9100 on shard 0 (if "
-           "that port is free) and none on the other shards; off: none. A non-loopback address "
-           "serves HTTPS with tls.cert_file and tls.key_file (refused with tls.insecure); port 0 "
-           "picks a free port")
-      .add("server.http_port_file", std::string(""),
-           "write the HTTP endpoint's bound port to this file")
-      .add("server.http_linger_ms", std::int64_t{0},
-           "keep serving the HTTP endpoint this long after training finishes (a last scrape)")
       .add("metrics.tensorboard_dir", std::string(""),
            "folder for TensorBoard event files: each round's metrics (train/loss, test/loss, "
            "test/accuracy, round/seconds, bytes/round, dp/epsilon, ...) as scalars, step = "
@@ -479,6 +483,7 @@ ConfigSchema config_schema() {
                        "each takes its own default, in data-parallel mode its "
                        "gradient rate");
   add_privacy_keys(s);
+  add_http_keys(s);
   return s;
 }
 
