@@ -87,7 +87,7 @@ SERVER_KEYS = {
     "server.normalization", "server.work", "server.min_local_steps", "server.max_local_steps",
     "server.deadline_margin", "server.batch_policy", "server.max_worker_batch",
     "server.rebalance_every", "server.secure_aggregation", "secagg.stage_ms", "secagg.clip",
-    "secagg.levels", "secagg.threshold", "secagg.degree",
+    "secagg.levels", "secagg.threshold", "secagg.degree", "server.http",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",
@@ -110,11 +110,16 @@ TRAIN_KEYS = {
 SERVER_MODES = {"federated", "fedbuff", "dataparallel", "decentralized"}
 # Keys of the guessed contract that the binaries do not have, with what to do instead.
 REMOVED_KEYS = {
-    "server.metrics_port": "cohort-server has no metrics port or HTTP endpoint (metrics are the "
-                           "JSON lines of server.metrics_file; probe the protocol port with tcpSocket)",
+    "server.metrics_port": "shard 0 serves /metrics at server.http (host:port); there is no "
+                           "metrics_port",
 }
 DATASET_DIR = "/usr/share/datasets/fashion-mnist"  # data.dir's default: Debian dataset-fashion-mnist
 PROTOCOL_PORT = 7000
+HTTP_PORT = 9100  # shard 0's server.http in the pods: /metrics, the dashboard, /api/v1
+# The pod annotations of the shards (Prometheus' kubernetes-pods scrape convention).
+SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT),
+                      "prometheus.io/path": "/metrics", "prometheus.io/scheme": "https"}
+MONITORING_NAMESPACE = "monitoring"
 
 
 class Report:
@@ -315,13 +320,26 @@ def check_objects(objs, where, secret_pool=None, config_toml=None):
                 except tomllib.TOMLDecodeError as e:
                     R.fail(f"{where}: {origin} ConfigMap {cm['metadata']['name']} key {key}: {e}")
 
-    # NetworkPolicies admit only the protocol port: the shards open no other.
+    # NetworkPolicies admit the protocol port, and the metrics port from the monitoring namespace only.
     for origin, np_ in by_kind.get("NetworkPolicy", []):
+        metrics_rule = False
         for rule in (np_.get("spec") or {}).get("ingress") or []:
+            peers = rule.get("from") or []
+            monitoring = bool(peers) and all(
+                set(x) == {"namespaceSelector"}
+                and ((x["namespaceSelector"] or {}).get("matchLabels") or {})
+                == {"kubernetes.io/metadata.name": MONITORING_NAMESPACE} for x in peers)
             for p in rule.get("ports") or []:
-                R.check(p.get("port") in ("cohort", PROTOCOL_PORT),
-                        f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: port {p.get('port')!r} is "
-                        f"not the protocol port (cohort-server opens no metrics port)")
+                ntag = f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: port {p.get('port')!r}"
+                if p.get("port") in ("http", HTTP_PORT):
+                    metrics_rule = True
+                    R.check(monitoring, f"{ntag}: the metrics port is open to more than the namespace "
+                                        f"{MONITORING_NAMESPACE!r} (namespaceSelector only)")
+                else:
+                    R.check(p.get("port") in ("cohort", PROTOCOL_PORT),
+                            f"{ntag} is neither the protocol port {PROTOCOL_PORT} nor the metrics port {HTTP_PORT}")
+        R.check(metrics_rule, f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: no rule admits the "
+                              f"metrics port {HTTP_PORT} from the namespace {MONITORING_NAMESPACE!r}")
 
     # Services.
     headless = {n: s for n, s in services.items() if (s.get("spec") or {}).get("clusterIP") == "None"}
@@ -492,14 +510,7 @@ def check_statefulset(where, origin, sts, headless, tomls):
         R.check(info["port"] == PROTOCOL_PORT, f"{tag}: the cohort containerPort is {info['port']}, not {PROTOCOL_PORT}")
         R.check(str(env_value(c, "COHORT_PORT")) == str(info["port"]),
                 f"{tag}: env COHORT_PORT differs from the cohort containerPort")
-    # cohort-server opens one port, the ZeroMQ protocol port: no metrics / HTTP port exists.
-    for p in c.get("ports") or []:
-        R.check(p is proto, f"{tag}: containerPort {p.get('name')}/{p.get('containerPort')}: cohort-server "
-                            f"opens only the protocol port {PROTOCOL_PORT} (there is no metrics endpoint)")
-    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-    for a in annotations:
-        R.check(not a.startswith("prometheus.io/"),
-                f"{tag}: pod annotation {a}: cohort-server serves no Prometheus metrics")
+    check_metrics_port(tag, c, proto, spec)
     if svc_name in headless:
         for sp in (headless[svc_name].get("spec") or {}).get("ports") or []:
             target = port_matches(sp.get("targetPort", sp.get("port")), c)
@@ -512,7 +523,8 @@ def check_statefulset(where, origin, sts, headless, tomls):
             continue
         probe = c[probe_name]
         R.check(set(probe) & {"httpGet", "grpc", "exec"} == set() and "tcpSocket" in probe,
-                f"{tag}: {probe_name} must be a tcpSocket probe (cohort-server has no HTTP or gRPC endpoint)")
+                f"{tag}: {probe_name} must be a tcpSocket probe (only shard 0 serves HTTP, and all shards "
+                f"share the template)")
         R.check(proto is not None and port_matches(probe_port(probe), c) is proto,
                 f"{tag}: {probe_name} is not on the protocol port {PROTOCOL_PORT}")
     cfg = config_of(sts, c, tomls)
@@ -533,6 +545,27 @@ def check_statefulset(where, origin, sts, headless, tomls):
             R.check(under(mf, claim_mount),
                     f"{tag}: server.metrics_file {mf!r} is not on the claim (mounted at {claim_mount})")
     return info
+
+
+def check_metrics_port(tag, c, proto, spec):
+    """The protocol port, and shard 0's HTTPS metrics port with its scrape annotations; no other."""
+    http = port_matches("http", c)
+    for p in c.get("ports") or []:
+        R.check(p is proto or p is http, f"{tag}: containerPort {p.get('name')}/{p.get('containerPort')}: "
+                                         f"cohort-server opens only {PROTOCOL_PORT} (cohort) and {HTTP_PORT} (http)")
+    if R.check(http is not None, f"{tag}: no containerPort named http (shard 0's server.http, {HTTP_PORT})"):
+        R.check(http.get("containerPort") == HTTP_PORT,
+                f"{tag}: the http containerPort is {http.get('containerPort')}, not {HTTP_PORT}")
+        R.check(str(env_value(c, "COHORT_HTTP_PORT")) == str(http.get("containerPort")),
+                f"{tag}: env COHORT_HTTP_PORT differs from the http containerPort")
+    text = command_text(c)
+    # Bound to a non-loopback address, server.http serves HTTPS with the shard's certificate.
+    R.check(re.search(r'--server\.http="0\.0\.0\.0:\$\{?COHORT_HTTP_PORT\}?"', text) is not None,
+            f"{tag}: shard 0 is not given --server.http=\"0.0.0.0:$COHORT_HTTP_PORT\" (the default is loopback)")
+    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    scrape = {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+    R.check(scrape == SCRAPE_ANNOTATIONS, f"{tag}: pod annotations prometheus.io/* are {scrape}, expected "
+                                          f"{SCRAPE_ANNOTATIONS} (https: shard 0 serves its certificate)")
 
 
 def under(path, mount):
@@ -1248,6 +1281,7 @@ def check_contract(objs, where, real):
             want = {"server.shard": i, "server.shards": replicas, "server.listen": f"tcp://0.0.0.0:{port}",
                     "server.name": f"shard-{i}", "server.advertise": f"tcp://{name}-{i}.{svc}:{port}",
                     "server.coordinator": "" if i == 0 else coord,
+                    **({"server.http": f"0.0.0.0:{HTTP_PORT}"} if i == 0 else {}),
                     "tls.cert_file": f"{secret_mount}/shard-{i}.pem", "tls.ca_file": f"{secret_mount}/ca.pem"}
             for key, val in want.items():
                 R.check(cfg.get(key) == val, f"{tag}: {key} = {cfg.get(key)!r}, expected {val!r}")
@@ -1433,12 +1467,20 @@ MUTANTS = [
     ("protocol port moved", "k8s/base/statefulset.yaml", "              containerPort: 7000", "              containerPort: 7001", "7000"),
     ("metrics containerPort", "k8s/base/statefulset.yaml", "          ports:\n            - name: cohort\n",
      "          ports:\n            - name: metrics\n              containerPort: 9100\n            - name: cohort\n", "metrics"),
-    ("Prometheus annotation", "k8s/base/statefulset.yaml", "        app.kubernetes.io/part-of: cohort\n    spec:\n",
-     "        app.kubernetes.io/part-of: cohort\n      annotations:\n        prometheus.io/scrape: \"true\"\n    spec:\n",
+    ("scrape scheme http", "k8s/base/statefulset.yaml", "        prometheus.io/scheme: https ", "        prometheus.io/scheme: http  ",
      "prometheus"),
+    ("scrape port differs", "k8s/base/statefulset.yaml", 'prometheus.io/port: "9100"', 'prometheus.io/port: "9101"',
+     "prometheus"),
+    ("metrics served on loopback", "k8s/base/statefulset.yaml", '--server.http="0.0.0.0:$COHORT_HTTP_PORT"',
+     '--server.http="127.0.0.1:$COHORT_HTTP_PORT"', "server.http"),
+    ("http containerPort moved", "k8s/base/statefulset.yaml", "              containerPort: 9100",
+     "              containerPort: 9101", "9100"),
     ("metrics Service port", "k8s/base/service.yaml", "      protocol: TCP\n",
      "      protocol: TCP\n    - name: metrics\n      port: 9100\n      targetPort: 9100\n", "metrics"),
-    ("metrics NetworkPolicy port", "k8s/base/networkpolicy.yaml", "        - port: cohort\n", "        - port: 9100\n", "protocol port"),
+    ("metrics NetworkPolicy port", "k8s/base/networkpolicy.yaml", "        - port: cohort\n", "        - port: 9100\n", "metrics port"),
+    ("metrics port from every namespace", "k8s/base/networkpolicy.yaml",
+     "        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n",
+     "        - namespaceSelector: {}\n", "metrics port"),
     ("sbatch client without --part", "slurm/cohort.sbatch", '--part "$j/$COHORT_CLIENTS" ', "", "--part"),
     ("sbatch metrics port", "slurm/cohort.sbatch", '--server.metrics_file="$COHORT_METRICS"', '--server.metrics_port=9100',
      "metrics_port"),
