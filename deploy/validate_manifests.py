@@ -3,12 +3,17 @@
 
     /usr/bin/python3 deploy/validate_manifests.py deploy
 
-Static checks (always run; need only python3-yaml):
+Generic checks (deploy/generic_checks.py; always run, a missing tool is a failure):
+  * yamllint --strict -c deploy/.yamllint on every YAML file;
+  * kubernetes-validate --strict (COHORT_KUBERNETES_VALIDATE, else PATH; make-test-venv.sh) on
+    every object as written and as kustomize builds it, against the API schemas in its wheel;
+  * grafana/*.json parses and its PromQL names only cohort-server's metric families, all of them.
+Static checks (always run; need python3-yaml):
   * configuration keys, in the ConfigMap's TOML and in `--section.key=value` flags, are keys of the
     real binaries (SERVER_KEYS / CLIENT_KEYS below, cross-checked with --help when they are built):
     unknown keys are errors at start-up; server.metrics_port in particular does not exist;
-  * every *.yaml / *.yml under the folder parses, all documents; objects carry apiVersion, kind,
-    metadata.name (DNS-1123) and the app.kubernetes.io/part-of=cohort label; kustomizations name
+  * every *.yaml / *.yml under the folder loads, all documents; objects carry metadata.name
+    (DNS-1123) and the app.kubernetes.io/part-of=cohort label; kustomizations name
     files that exist; patches target objects that exist;
   * the StatefulSet's serviceName is a headless Service (clusterIP: None) whose selector matches
     the pods; selectors match template labels; named ports exist;
@@ -17,9 +22,10 @@ Static checks (always run; need only python3-yaml):
     client-<i> for i < completions); ConfigMap items exist and their TOML parses;
   * shards: command runs cohort-server with --shard from the hostname ordinal, --shards, --listen
     tcp://0.0.0.0:PORT, --name shard-<i>, --coordinator, --config and --server.advertise
-    tcp://$HOSTNAME.<service>:PORT; COHORT_SHARDS = replicas; the only port is the protocol port
-    7000 (no metrics port, Service port or annotation); startup/readiness/liveness probes are
-    tcpSocket probes on it; server.checkpoint_dir and server.metrics_file are on the claim;
+    tcp://$HOSTNAME.<service>:PORT; COHORT_SHARDS = replicas; the ports are the protocol port
+    7000 and shard 0's metrics port http 9100 (--server.http=0.0.0.0:$COHORT_HTTP_PORT, the
+    prometheus.io/* annotations with scheme https, NetworkPolicy from the monitoring namespace
+    only; no Service port); startup/readiness/liveness probes are tcpSocket probes on 7000; server.checkpoint_dir and server.metrics_file are on the claim;
     clients_per_round and min_clients do not exceed the Job's completions;
   * clients: Job with completionMode Indexed, command runs cohort-client with --name
     client-<index>, --part <index>/$COHORT_CLIENTS (index = JOB_COMPLETION_INDEX) and --server
@@ -61,6 +67,9 @@ import time
 import tomllib
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import generic_checks  # noqa: E402  (deploy/generic_checks.py: yamllint, kubernetes-validate, Grafana)
 
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Built from pieces so that this file does not match itself.
@@ -299,8 +308,6 @@ def check_objects(objs, where, secret_pool=None, config_toml=None):
         md = o.get("metadata") or {}
         name = md.get("name")
         tag = f"{where}: {origin} {o.get('kind')}/{name}"
-        R.check(bool(o.get("apiVersion")), f"{tag}: apiVersion missing")
-        R.check(bool(o.get("kind")), f"{tag}: kind missing")
         if not R.check(isinstance(name, str) and DNS1123.match(name or "") is not None,
                        f"{tag}: metadata.name missing or not a DNS-1123 name"):
             continue
@@ -710,6 +717,8 @@ def check_kustomize_builds(dirs, secret_docs):
         if not R.check(r.returncode == 0, f"kubectl kustomize {d} failed: {r.stderr.strip()}"):
             continue
         objs = [("build", o) for o in yaml.safe_load_all(r.stdout) if o]
+        for problem in generic_checks.kubernetes_validate(kubernetes_validate_exe(), objs, f"kustomize {os.path.relpath(d)}"):
+            R.fail(problem)
         check_objects(objs, f"kustomize {os.path.relpath(d)}", secret_pool=secret_docs)
         builds.append((d, objs))
         R.note(f"ok: kubectl kustomize {os.path.relpath(d)} builds {len(objs)} objects that pass the checks")
@@ -1481,14 +1490,42 @@ MUTANTS = [
     ("metrics port from every namespace", "k8s/base/networkpolicy.yaml",
      "        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n",
      "        - namespaceSelector: {}\n", "metrics port"),
+    ("YAML indentation", "k8s/base/service.yaml", "  clusterIP: None\n", "   clusterIP: None\n", "yamllint"),
+    ("containerPort as a string", "k8s/base/statefulset.yaml", "              containerPort: 7000",
+     '              containerPort: "7000"', "kubernetes-validate"),
+    ("misspelt field", "k8s/base/statefulset.yaml", "imagePullPolicy:", "imagePulPolicy:", "kubernetes-validate"),
+    ("dashboard names an unknown metric", "grafana/cohort-dashboard.json", '"cohort_train_loss"',
+     '"cohort_training_loss"', "cohort_training_loss"),
+    ("dashboard drops a family", "grafana/cohort-dashboard.json", '"expr": "cohort_round_comm_seconds"',
+     '"expr": "cohort_round_train_seconds"', "cohort_round_comm_seconds"),
     ("sbatch client without --part", "slurm/cohort.sbatch", '--part "$j/$COHORT_CLIENTS" ', "", "--part"),
     ("sbatch metrics port", "slurm/cohort.sbatch", '--server.metrics_file="$COHORT_METRICS"', '--server.metrics_port=9100',
      "metrics_port"),
 ]
 
 
+def kubernetes_validate_exe():
+    return os.environ.get("COHORT_KUBERNETES_VALIDATE") or shutil.which("kubernetes-validate")
+
+
+def generic_static_checks(root, files, objects):
+    """yamllint, the Kubernetes API schemas, and the Grafana dashboard (deploy/generic_checks.py)."""
+    problems = generic_checks.yamllint(shutil.which("yamllint"), os.path.join(root, ".yamllint"), files)
+    problems += generic_checks.kubernetes_validate(kubernetes_validate_exe(), objects, "files")
+    dashboards = sorted(os.path.join(root, "grafana", f) for f in os.listdir(os.path.join(root, "grafana"))
+                        if f.endswith(".json")) if os.path.isdir(os.path.join(root, "grafana")) else []
+    R.check(bool(dashboards), f"{root}/grafana: no dashboard JSON")
+    for path in dashboards:
+        problems += generic_checks.grafana_dashboard(path)
+    for p in problems:
+        R.fail(p)
+    R.note(f"ok: yamllint, kubernetes-validate --strict ({len(objects)} objects), "
+           f"{len(dashboards)} Grafana dashboard(s)" if not problems else "generic checks found problems")
+
+
 def static_checks(root):
-    """The checks that need nothing but python3-yaml, sh and bash. Returns what later checks use."""
+    """The checks that need python3-yaml, sh, bash, yamllint and kubernetes-validate. Returns what
+    later checks use."""
     files = yaml_files(root)
     R.check(bool(files), f"{root}: no YAML files")
     docs = load_docs(files)
@@ -1499,6 +1536,7 @@ def static_checks(root):
            if d.get("kind") != "Kustomization" and os.path.normpath(p) not in patches]
     templates = [(o, d) for o, d in k8s if "templates" in o.split(os.sep)]
     manifests = [(o, d) for o, d in k8s if "templates" not in o.split(os.sep)]
+    generic_static_checks(root, files, k8s)
     secret_docs = [(o, d) for o, d in k8s if d.get("kind") == "Secret"]
     for o, d in templates:
         if d.get("kind") == "Secret":
