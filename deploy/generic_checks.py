@@ -156,6 +156,24 @@ def walk_panels(panels):
         yield from walk_panels(p.get("panels"))
 
 
+def dashboard_queries(dash):
+    return [t.get("expr") or "" for p in walk_panels(dash.get("panels")) for t in p.get("targets") or []]
+
+
+def promtool_check(exe, path):
+    """PromQL syntax of every query, by Prometheus' own parser (`promtool check rules`)."""
+    with open(path, encoding="utf-8") as f:
+        exprs = dashboard_queries(json.load(f))
+    rules = [{"record": f"cohort:dashboard_query_{k}",
+              "expr": e.replace("$__rate_interval", "5m").replace("$shard", ".*")} for k, e in enumerate(exprs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        rules_file = os.path.join(tmp, "rules.json")  # JSON is YAML
+        with open(rules_file, "w", encoding="utf-8") as f:
+            json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+        r = subprocess.run([exe, "check", "rules", rules_file], capture_output=True, text=True, timeout=60)
+    return [] if r.returncode == 0 else [f"{path}: promtool check rules:\n{r.stdout}{r.stderr}"]
+
+
 def grafana_dashboard(path):
     problems = []
     try:

@@ -7,7 +7,8 @@ Generic checks (deploy/generic_checks.py; always run, a missing tool is a failur
   * yamllint --strict -c deploy/.yamllint on every YAML file;
   * kubernetes-validate --strict (COHORT_KUBERNETES_VALIDATE, else PATH; make-test-venv.sh) on
     every object as written and as kustomize builds it, against the API schemas in its wheel;
-  * grafana/*.json parses and its PromQL names only cohort-server's metric families, all of them.
+  * grafana/*.json parses and its PromQL names only cohort-server's metric families, all of them;
+    with promtool (Debian prometheus) found, Prometheus' parser accepts every query.
 Static checks (always run; need python3-yaml):
   * configuration keys, in the ConfigMap's TOML and in `--section.key=value` flags, are keys of the
     real binaries (SERVER_KEYS / CLIENT_KEYS below, cross-checked with --help when they are built):
@@ -1515,8 +1516,13 @@ def generic_static_checks(root, files, objects):
     dashboards = sorted(os.path.join(root, "grafana", f) for f in os.listdir(os.path.join(root, "grafana"))
                         if f.endswith(".json")) if os.path.isdir(os.path.join(root, "grafana")) else []
     R.check(bool(dashboards), f"{root}/grafana: no dashboard JSON")
+    promtool = shutil.which("promtool")
     for path in dashboards:
         problems += generic_checks.grafana_dashboard(path)
+        if promtool:
+            problems += generic_checks.promtool_check(promtool, path)
+    if not promtool and not R.quiet:
+        R.note("skip: promtool not found (Debian prometheus), dashboard PromQL not parsed by Prometheus")
     for p in problems:
         R.fail(p)
     R.note(f"ok: yamllint, kubernetes-validate --strict ({len(objects)} objects), "
