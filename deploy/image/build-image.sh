@@ -10,7 +10,9 @@
 #   deploy/image/build-image.sh --from-source [options]        compile in the image's build stage
 #
 #   --install-tree DIR  a `cmake --install build --prefix DIR` tree; the image gets DIR/bin/*
-#                       (Dockerfile target `prebuilt`: nothing is compiled in the image)
+#                       (Dockerfile target `prebuilt`: nothing is compiled in the image). A
+#                       default build uses -march=native (COHORT_NATIVE); for an image that runs
+#                       on other machines, build with -DCOHORT_NATIVE=OFF (--from-source does)
 #   --from-source       compile Cohort from this source tree in the Dockerfile's build stage
 #                       (target `source`; needs the Debian mirror inside the build, about as
 #                       long as a Release build of the binaries with --jobs cores)
@@ -22,8 +24,9 @@
 #                       a tarball of the same suite, mirror and packages is reused
 #   --mirror URL        the Debian mirror (default: the first bookworm URIs of this machine's
 #                       /etc/apt/sources.list*, else http://deb.debian.org/debian)
-#   --packages "P ..."  the runtime packages, instead of deriving them from the binaries
-#                       (needed with --from-source when no install tree is given)
+#   --packages "P ..."  the runtime packages, instead of deriving them from the binaries with
+#                       ldd and dpkg -S (with --from-source the default is the runtime
+#                       libraries of the build stage's -dev packages; the build checks them)
 #   --no-dataset        leave dataset-fashion-mnist out (then mount the data and set data.dir)
 #   --storage DIR       podman's storage: --root DIR/root --runroot DIR/run, so nothing outside
 #                       DIR is touched (default: podman's own, /var/lib/containers)
@@ -112,7 +115,15 @@ fi
 
 # The runtime packages: the Debian packages that own the libraries the binaries load.
 if [ -z "$packages" ]; then
-  [ -n "$install_tree" ] || die "--from-source without an install tree: give --packages (the runtime libraries)"
+  if [ "$from_source" = 1 ]; then
+    # The Debian 12 runtime libraries of the Dockerfile's build stage (its RUN ldd check fails the
+    # build when one is missing).
+    packages="libcapnp-0.9.2 libfmt9 libsodium23 libspdlog1.10 libssl3 libtomlplusplus3 libzmq5 zlib1g"
+    packages="$packages libstdc++6 libgcc-s1"
+    if [ "$(dpkg --print-architecture)" = amd64 ]; then packages="$packages libipsec-mb1"; fi
+  fi
+fi
+if [ -z "$packages" ]; then
   libs="$(for b in "$install_tree"/bin/cohort-*; do ldd "$b"; done \
             | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)"
   missing="$(for b in "$install_tree"/bin/cohort-*; do ldd "$b"; done | grep 'not found' || true)"
@@ -172,7 +183,7 @@ fi
 
 # 3. The image. Nothing is pulled (--pull=never); RUN steps use chroot isolation and the host
 # network (only the build stage uses it, for apt-get).
-build=(build --pull=never --isolation chroot --network host --layers=false
+build=(build --pull=never --isolation chroot --network host
        --build-arg "BASE=$base_tag" -f "$here/Dockerfile" -t "$tag")
 start=$SECONDS
 if [ -n "$install_tree" ]; then
