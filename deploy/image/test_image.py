@@ -103,7 +103,7 @@ def federation(pm, image, pki, out, tag):
             codes[name] = int(p.stdout.strip().splitlines()[-1])
         except subprocess.TimeoutExpired:
             codes[name] = None  # still running at the deadline
-    logs = {n: pm("logs", "--tail", "15", n, check=False, capture=True) for n in names}
+    logs = {n: pm("logs", n, check=False, capture=True) for n in names}
     return codes, {n: (p.stdout or "") + (p.stderr or "") for n, p in logs.items()}, names
 
 
@@ -163,7 +163,9 @@ def main():
         print(f"federation ran in {time.time() - t0:.0f} s: exit codes {codes}", flush=True)
         for name in names:
             if codes[name] != 0:
-                failures.append(f"{name} exited {codes[name]}:\n{logs[name]}")
+                failures.append(f"{name} exited {codes[name]}:\n{logs[name][-3000:]}")
+        if "0.0.0.0:7000 (TLS)" not in logs[names[0]]:
+            failures.append(f"the shard did not listen with TLS:\n{logs[names[0]][-3000:]}")
         metrics = os.path.join(out, "metrics.jsonl")
         records = []
         if os.path.exists(metrics):
@@ -196,7 +198,7 @@ def main():
             print(f"  - {f}")
         return 1
     print(f"PASSED: image built offline; 1 shard + {CLIENTS} clients in containers, TLS, "
-          f"{ROUNDS} rounds in metrics.jsonl; containers and images removed")
+          f"{ROUNDS} rounds in metrics.jsonl" + ("" if args.keep else "; containers and images removed"))
     return 0
 
 
