@@ -3,12 +3,18 @@
 
     /usr/bin/python3 deploy/validate_manifests.py deploy
 
-Static checks (always run; need only python3-yaml):
+Generic checks (deploy/generic_checks.py; always run, a missing tool is a failure):
+  * yamllint --strict -c deploy/.yamllint on every YAML file;
+  * kubernetes-validate --strict (COHORT_KUBERNETES_VALIDATE, else PATH; make-test-venv.sh) on
+    every object as written and as kustomize builds it, against the API schemas in its wheel;
+  * grafana/*.json parses and its PromQL names only cohort-server's metric families, all of them;
+    with promtool (Debian prometheus) found, Prometheus' parser accepts every query.
+Static checks (always run; need python3-yaml):
   * configuration keys, in the ConfigMap's TOML and in `--section.key=value` flags, are keys of the
     real binaries (SERVER_KEYS / CLIENT_KEYS below, cross-checked with --help when they are built):
     unknown keys are errors at start-up; server.metrics_port in particular does not exist;
-  * every *.yaml / *.yml under the folder parses, all documents; objects carry apiVersion, kind,
-    metadata.name (DNS-1123) and the app.kubernetes.io/part-of=cohort label; kustomizations name
+  * every *.yaml / *.yml under the folder loads, all documents; objects carry metadata.name
+    (DNS-1123) and the app.kubernetes.io/part-of=cohort label; kustomizations name
     files that exist; patches target objects that exist;
   * the StatefulSet's serviceName is a headless Service (clusterIP: None) whose selector matches
     the pods; selectors match template labels; named ports exist;
@@ -17,9 +23,10 @@ Static checks (always run; need only python3-yaml):
     client-<i> for i < completions); ConfigMap items exist and their TOML parses;
   * shards: command runs cohort-server with --shard from the hostname ordinal, --shards, --listen
     tcp://0.0.0.0:PORT, --name shard-<i>, --coordinator, --config and --server.advertise
-    tcp://$HOSTNAME.<service>:PORT; COHORT_SHARDS = replicas; the only port is the protocol port
-    7000 (no metrics port, Service port or annotation); startup/readiness/liveness probes are
-    tcpSocket probes on it; server.checkpoint_dir and server.metrics_file are on the claim;
+    tcp://$HOSTNAME.<service>:PORT; COHORT_SHARDS = replicas; the ports are the protocol port
+    7000 and shard 0's metrics port http 9100 (--server.http=0.0.0.0:$COHORT_HTTP_PORT, the
+    prometheus.io/* annotations with scheme https, NetworkPolicy from the monitoring namespace
+    only; no Service port); startup/readiness/liveness probes are tcpSocket probes on 7000; server.checkpoint_dir and server.metrics_file are on the claim;
     clients_per_round and min_clients do not exceed the Job's completions;
   * clients: Job with completionMode Indexed, command runs cohort-client with --name
     client-<index>, --part <index>/$COHORT_CLIENTS (index = JOB_COMPLETION_INDEX) and --server
@@ -62,6 +69,9 @@ import tomllib
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import generic_checks  # noqa: E402  (deploy/generic_checks.py: yamllint, kubernetes-validate, Grafana)
+
 DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Built from pieces so that this file does not match itself.
 PEM_PRIVATE = re.compile("-----BEGIN [A-Z ]*" + "PRIVATE KEY-----")
@@ -88,6 +98,7 @@ SERVER_KEYS = {
     "server.deadline_margin", "server.batch_policy", "server.max_worker_batch",
     "server.rebalance_every", "server.secure_aggregation", "secagg.stage_ms", "secagg.clip",
     "secagg.levels", "secagg.threshold", "secagg.degree", "metrics.tensorboard_dir",
+    "server.http", "server.http_port_file", "server.http_linger_ms",
 }
 CLIENT_KEYS = {
     "client.server", "client.name", "client.device", "client.threads", "client.connect_timeout_ms",
@@ -110,11 +121,16 @@ TRAIN_KEYS = {
 SERVER_MODES = {"federated", "fedbuff", "dataparallel", "decentralized"}
 # Keys of the guessed contract that the binaries do not have, with what to do instead.
 REMOVED_KEYS = {
-    "server.metrics_port": "cohort-server has no metrics port or HTTP endpoint (metrics are the "
-                           "JSON lines of server.metrics_file; probe the protocol port with tcpSocket)",
+    "server.metrics_port": "shard 0 serves /metrics at server.http (host:port); there is no "
+                           "metrics_port",
 }
 DATASET_DIR = "/usr/share/datasets/fashion-mnist"  # data.dir's default: Debian dataset-fashion-mnist
 PROTOCOL_PORT = 7000
+HTTP_PORT = 9100  # shard 0's server.http in the pods: /metrics, the dashboard, /api/v1
+# The pod annotations of the shards (Prometheus' kubernetes-pods scrape convention).
+SCRAPE_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT),
+                      "prometheus.io/path": "/metrics", "prometheus.io/scheme": "https"}
+MONITORING_NAMESPACE = "monitoring"
 
 
 class Report:
@@ -294,8 +310,6 @@ def check_objects(objs, where, secret_pool=None, config_toml=None):
         md = o.get("metadata") or {}
         name = md.get("name")
         tag = f"{where}: {origin} {o.get('kind')}/{name}"
-        R.check(bool(o.get("apiVersion")), f"{tag}: apiVersion missing")
-        R.check(bool(o.get("kind")), f"{tag}: kind missing")
         if not R.check(isinstance(name, str) and DNS1123.match(name or "") is not None,
                        f"{tag}: metadata.name missing or not a DNS-1123 name"):
             continue
@@ -315,13 +329,26 @@ def check_objects(objs, where, secret_pool=None, config_toml=None):
                 except tomllib.TOMLDecodeError as e:
                     R.fail(f"{where}: {origin} ConfigMap {cm['metadata']['name']} key {key}: {e}")
 
-    # NetworkPolicies admit only the protocol port: the shards open no other.
+    # NetworkPolicies admit the protocol port, and the metrics port from the monitoring namespace only.
     for origin, np_ in by_kind.get("NetworkPolicy", []):
+        metrics_rule = False
         for rule in (np_.get("spec") or {}).get("ingress") or []:
+            peers = rule.get("from") or []
+            monitoring = bool(peers) and all(
+                set(x) == {"namespaceSelector"}
+                and ((x["namespaceSelector"] or {}).get("matchLabels") or {})
+                == {"kubernetes.io/metadata.name": MONITORING_NAMESPACE} for x in peers)
             for p in rule.get("ports") or []:
-                R.check(p.get("port") in ("cohort", PROTOCOL_PORT),
-                        f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: port {p.get('port')!r} is "
-                        f"not the protocol port (cohort-server opens no metrics port)")
+                ntag = f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: port {p.get('port')!r}"
+                if p.get("port") in ("http", HTTP_PORT):
+                    metrics_rule = True
+                    R.check(monitoring, f"{ntag}: the metrics port is open to more than the namespace "
+                                        f"{MONITORING_NAMESPACE!r} (namespaceSelector only)")
+                else:
+                    R.check(p.get("port") in ("cohort", PROTOCOL_PORT),
+                            f"{ntag} is neither the protocol port {PROTOCOL_PORT} nor the metrics port {HTTP_PORT}")
+        R.check(metrics_rule, f"{where}: {origin} NetworkPolicy/{np_['metadata']['name']}: no rule admits the "
+                              f"metrics port {HTTP_PORT} from the namespace {MONITORING_NAMESPACE!r}")
 
     # Services.
     headless = {n: s for n, s in services.items() if (s.get("spec") or {}).get("clusterIP") == "None"}
@@ -492,14 +519,7 @@ def check_statefulset(where, origin, sts, headless, tomls):
         R.check(info["port"] == PROTOCOL_PORT, f"{tag}: the cohort containerPort is {info['port']}, not {PROTOCOL_PORT}")
         R.check(str(env_value(c, "COHORT_PORT")) == str(info["port"]),
                 f"{tag}: env COHORT_PORT differs from the cohort containerPort")
-    # cohort-server opens one port, the ZeroMQ protocol port: no metrics / HTTP port exists.
-    for p in c.get("ports") or []:
-        R.check(p is proto, f"{tag}: containerPort {p.get('name')}/{p.get('containerPort')}: cohort-server "
-                            f"opens only the protocol port {PROTOCOL_PORT} (there is no metrics endpoint)")
-    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
-    for a in annotations:
-        R.check(not a.startswith("prometheus.io/"),
-                f"{tag}: pod annotation {a}: cohort-server serves no Prometheus metrics")
+    check_metrics_port(tag, c, proto, spec)
     if svc_name in headless:
         for sp in (headless[svc_name].get("spec") or {}).get("ports") or []:
             target = port_matches(sp.get("targetPort", sp.get("port")), c)
@@ -512,7 +532,8 @@ def check_statefulset(where, origin, sts, headless, tomls):
             continue
         probe = c[probe_name]
         R.check(set(probe) & {"httpGet", "grpc", "exec"} == set() and "tcpSocket" in probe,
-                f"{tag}: {probe_name} must be a tcpSocket probe (cohort-server has no HTTP or gRPC endpoint)")
+                f"{tag}: {probe_name} must be a tcpSocket probe (only shard 0 serves HTTP, and all shards "
+                f"share the template)")
         R.check(proto is not None and port_matches(probe_port(probe), c) is proto,
                 f"{tag}: {probe_name} is not on the protocol port {PROTOCOL_PORT}")
     cfg = config_of(sts, c, tomls)
@@ -533,6 +554,27 @@ def check_statefulset(where, origin, sts, headless, tomls):
             R.check(under(mf, claim_mount),
                     f"{tag}: server.metrics_file {mf!r} is not on the claim (mounted at {claim_mount})")
     return info
+
+
+def check_metrics_port(tag, c, proto, spec):
+    """The protocol port, and shard 0's HTTPS metrics port with its scrape annotations; no other."""
+    http = port_matches("http", c)
+    for p in c.get("ports") or []:
+        R.check(p is proto or p is http, f"{tag}: containerPort {p.get('name')}/{p.get('containerPort')}: "
+                                         f"cohort-server opens only {PROTOCOL_PORT} (cohort) and {HTTP_PORT} (http)")
+    if R.check(http is not None, f"{tag}: no containerPort named http (shard 0's server.http, {HTTP_PORT})"):
+        R.check(http.get("containerPort") == HTTP_PORT,
+                f"{tag}: the http containerPort is {http.get('containerPort')}, not {HTTP_PORT}")
+        R.check(str(env_value(c, "COHORT_HTTP_PORT")) == str(http.get("containerPort")),
+                f"{tag}: env COHORT_HTTP_PORT differs from the http containerPort")
+    text = command_text(c)
+    # Bound to a non-loopback address, server.http serves HTTPS with the shard's certificate.
+    R.check(re.search(r'--server\.http="0\.0\.0\.0:\$\{?COHORT_HTTP_PORT\}?"', text) is not None,
+            f"{tag}: shard 0 is not given --server.http=\"0.0.0.0:$COHORT_HTTP_PORT\" (the default is loopback)")
+    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    scrape = {k: v for k, v in annotations.items() if k.startswith("prometheus.io/")}
+    R.check(scrape == SCRAPE_ANNOTATIONS, f"{tag}: pod annotations prometheus.io/* are {scrape}, expected "
+                                          f"{SCRAPE_ANNOTATIONS} (https: shard 0 serves its certificate)")
 
 
 def under(path, mount):
@@ -677,6 +719,8 @@ def check_kustomize_builds(dirs, secret_docs):
         if not R.check(r.returncode == 0, f"kubectl kustomize {d} failed: {r.stderr.strip()}"):
             continue
         objs = [("build", o) for o in yaml.safe_load_all(r.stdout) if o]
+        for problem in generic_checks.kubernetes_validate(kubernetes_validate_exe(), objs, f"kustomize {os.path.relpath(d)}"):
+            R.fail(problem)
         check_objects(objs, f"kustomize {os.path.relpath(d)}", secret_pool=secret_docs)
         builds.append((d, objs))
         R.note(f"ok: kubectl kustomize {os.path.relpath(d)} builds {len(objs)} objects that pass the checks")
@@ -1076,10 +1120,11 @@ def check_sbatch_run(root):
         # 2. Too few nodes: refused before any key is made.
         shutil.rmtree(log)
         os.mkdir(log)
-        env = sbatch_env(tmp, bindir, log, ["n0"], {"COHORT_READY_TIMEOUT": "0"})
+        # (One node is a valid layout, shards and clients sharing it: deploy_slurm runs it.)
+        env = sbatch_env(tmp, bindir, log, ["n0", "n1"], {"COHORT_READY_TIMEOUT": "0", "COHORT_SHARD_NODES": "2"})
         r = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=30, cwd=tmp)
-        R.check(r.returncode != 0 and "at least 2" in r.stderr, f"cohort.sbatch with one node: {r.returncode} {r.stderr}")
-        R.check(not os.path.exists(pki), "cohort.sbatch with one node made a certificate folder")
+        R.check(r.returncode != 0 and "at least 3" in r.stderr, f"cohort.sbatch with no client node: {r.returncode} {r.stderr}")
+        R.check(not os.path.exists(pki), "cohort.sbatch with no client node made a certificate folder")
 
         # 3. SIGTERM (scancel, time limit) while clients run: steps stopped, certificates removed.
         env = sbatch_env(tmp, bindir, log, ["n0", "n1"], {"COHORT_READY_TIMEOUT": "0", "FAKE_CLIENT_SLEEP": "60"})
@@ -1248,6 +1293,7 @@ def check_contract(objs, where, real):
             want = {"server.shard": i, "server.shards": replicas, "server.listen": f"tcp://0.0.0.0:{port}",
                     "server.name": f"shard-{i}", "server.advertise": f"tcp://{name}-{i}.{svc}:{port}",
                     "server.coordinator": "" if i == 0 else coord,
+                    **({"server.http": f"0.0.0.0:{HTTP_PORT}"} if i == 0 else {}),
                     "tls.cert_file": f"{secret_mount}/shard-{i}.pem", "tls.ca_file": f"{secret_mount}/ca.pem"}
             for key, val in want.items():
                 R.check(cfg.get(key) == val, f"{tag}: {key} = {cfg.get(key)!r}, expected {val!r}")
@@ -1433,20 +1479,61 @@ MUTANTS = [
     ("protocol port moved", "k8s/base/statefulset.yaml", "              containerPort: 7000", "              containerPort: 7001", "7000"),
     ("metrics containerPort", "k8s/base/statefulset.yaml", "          ports:\n            - name: cohort\n",
      "          ports:\n            - name: metrics\n              containerPort: 9100\n            - name: cohort\n", "metrics"),
-    ("Prometheus annotation", "k8s/base/statefulset.yaml", "        app.kubernetes.io/part-of: cohort\n    spec:\n",
-     "        app.kubernetes.io/part-of: cohort\n      annotations:\n        prometheus.io/scrape: \"true\"\n    spec:\n",
+    ("scrape scheme http", "k8s/base/statefulset.yaml", "        prometheus.io/scheme: https ", "        prometheus.io/scheme: http  ",
      "prometheus"),
+    ("scrape port differs", "k8s/base/statefulset.yaml", 'prometheus.io/port: "9100"', 'prometheus.io/port: "9101"',
+     "prometheus"),
+    ("metrics served on loopback", "k8s/base/statefulset.yaml", '--server.http="0.0.0.0:$COHORT_HTTP_PORT"',
+     '--server.http="127.0.0.1:$COHORT_HTTP_PORT"', "server.http"),
+    ("http containerPort moved", "k8s/base/statefulset.yaml", "              containerPort: 9100",
+     "              containerPort: 9101", "9100"),
     ("metrics Service port", "k8s/base/service.yaml", "      protocol: TCP\n",
      "      protocol: TCP\n    - name: metrics\n      port: 9100\n      targetPort: 9100\n", "metrics"),
-    ("metrics NetworkPolicy port", "k8s/base/networkpolicy.yaml", "        - port: cohort\n", "        - port: 9100\n", "protocol port"),
+    ("metrics NetworkPolicy port", "k8s/base/networkpolicy.yaml", "        - port: cohort\n", "        - port: 9100\n", "metrics port"),
+    ("metrics port from every namespace", "k8s/base/networkpolicy.yaml",
+     "        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n",
+     "        - namespaceSelector: {}\n", "metrics port"),
+    ("YAML indentation", "k8s/base/service.yaml", "  clusterIP: None\n", "   clusterIP: None\n", "yamllint"),
+    ("containerPort as a string", "k8s/base/statefulset.yaml", "              containerPort: 7000",
+     '              containerPort: "7000"', "kubernetes-validate"),
+    ("misspelt field", "k8s/base/statefulset.yaml", "imagePullPolicy:", "imagePulPolicy:", "kubernetes-validate"),
+    ("dashboard names an unknown metric", "grafana/cohort-dashboard.json", '"cohort_train_loss"',
+     '"cohort_training_loss"', "cohort_training_loss"),
+    ("dashboard drops a family", "grafana/cohort-dashboard.json", '"expr": "cohort_round_comm_seconds"',
+     '"expr": "cohort_round_train_seconds"', "cohort_round_comm_seconds"),
     ("sbatch client without --part", "slurm/cohort.sbatch", '--part "$j/$COHORT_CLIENTS" ', "", "--part"),
     ("sbatch metrics port", "slurm/cohort.sbatch", '--server.metrics_file="$COHORT_METRICS"', '--server.metrics_port=9100',
      "metrics_port"),
 ]
 
 
+def kubernetes_validate_exe():
+    return os.environ.get("COHORT_KUBERNETES_VALIDATE") or shutil.which("kubernetes-validate")
+
+
+def generic_static_checks(root, files, objects):
+    """yamllint, the Kubernetes API schemas, and the Grafana dashboard (deploy/generic_checks.py)."""
+    problems = generic_checks.yamllint(shutil.which("yamllint"), os.path.join(root, ".yamllint"), files)
+    problems += generic_checks.kubernetes_validate(kubernetes_validate_exe(), objects, "files")
+    dashboards = sorted(os.path.join(root, "grafana", f) for f in os.listdir(os.path.join(root, "grafana"))
+                        if f.endswith(".json")) if os.path.isdir(os.path.join(root, "grafana")) else []
+    R.check(bool(dashboards), f"{root}/grafana: no dashboard JSON")
+    promtool = shutil.which("promtool")
+    for path in dashboards:
+        problems += generic_checks.grafana_dashboard(path)
+        if promtool:
+            problems += generic_checks.promtool_check(promtool, path)
+    if not promtool and not R.quiet:
+        R.note("skip: promtool not found (Debian prometheus), dashboard PromQL not parsed by Prometheus")
+    for p in problems:
+        R.fail(p)
+    R.note(f"ok: yamllint, kubernetes-validate --strict ({len(objects)} objects), "
+           f"{len(dashboards)} Grafana dashboard(s)" if not problems else "generic checks found problems")
+
+
 def static_checks(root):
-    """The checks that need nothing but python3-yaml, sh and bash. Returns what later checks use."""
+    """The checks that need python3-yaml, sh, bash, yamllint and kubernetes-validate. Returns what
+    later checks use."""
     files = yaml_files(root)
     R.check(bool(files), f"{root}: no YAML files")
     docs = load_docs(files)
@@ -1457,6 +1544,7 @@ def static_checks(root):
            if d.get("kind") != "Kustomization" and os.path.normpath(p) not in patches]
     templates = [(o, d) for o, d in k8s if "templates" in o.split(os.sep)]
     manifests = [(o, d) for o, d in k8s if "templates" not in o.split(os.sep)]
+    generic_static_checks(root, files, k8s)
     secret_docs = [(o, d) for o, d in k8s if d.get("kind") == "Secret"]
     for o, d in templates:
         if d.get("kind") == "Secret":
