@@ -12,6 +12,8 @@ packages=(
   doctest-dev
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   zlib1g-dev
+  # The HTTP endpoint (observe/): cpp-httplib, and Chart.js embedded in the dashboard.
+  libcpp-httplib-dev libjs-chart.js
   dataset-fashion-mnist
   iproute2 nftables
   clang libclang-rt-14-dev clang-format
@@ -21,6 +23,12 @@ packages=(
   # The cohort Python module (python/) and its tests and examples: Debian's interpreter with
   # pybind11, NumPy, pytest and PyTorch (CPU).
   python3-dev pybind11-dev python3-pytest python3-torch
+  # Tests of what the operator sees and deploys: the dashboard in headless Chromium, the test venvs
+  # (PyPI's tensorboard, prometheus_client, kubernetes-validate), YAML lint, the container image
+  # (debootstrap + podman, nothing pulled from a registry), and a real single-host Slurm.
+  chromium chromium-driver python3-selenium python3-venv yamllint
+  podman buildah runc crun debootstrap containernetworking-plugins fuse-overlayfs uidmap
+  slurmctld slurmd slurm-client munge
 )
 # Intel's ipsec-mb: a faster AES-GCM for the transport (Debian ships it for amd64 only).
 if [ "$(dpkg --print-architecture)" = amd64 ]; then packages+=(libipsec-mb-dev); fi
