@@ -11,6 +11,7 @@ the counters and gauges agree with metrics.jsonl, and /api/v1/rounds returns its
 Exits non-zero on any failure; every process it starts is killed.
 """
 import argparse
+import http.client
 import json
 import math
 import os
@@ -148,6 +149,34 @@ def keys(bins, work):
     return pki
 
 
+def https(pki, port):
+    """A non-loopback endpoint: HTTPS only, TLS 1.3, with the shard's own certificate."""
+    import ssl
+    ctx = ssl.create_default_context(cafile=os.path.join(pki, "ca.pem"))
+    ctx.check_hostname = False  # the certificate names the node (shard-1), not an address
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as raw:
+        with ctx.wrap_socket(raw) as tls:
+            check(tls.version() == "TLSv1.3", f"shard 1's endpoint speaks {tls.version()}")
+            cn = dict(x[0] for x in tls.getpeercert()["subject"]).get("commonName")
+            check(cn == "shard-1", f"shard 1's endpoint shows the certificate of {cn}")
+            tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            reply = b""
+            while len(reply) < 1 << 20:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+    text = reply.decode(errors="replace")
+    check(text.startswith("HTTP/1.1 200") and 'cohort_sent_bytes_total{shard="1"}' in text,
+          f"https /metrics on shard 1: {text[:200]!r}")
+    try:
+        code, _, _ = get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        check(False, f"plain HTTP to a non-loopback endpoint got {code}")
+    except (urllib.error.URLError, ConnectionError, OSError, http.client.HTTPException):
+        pass
+    print("shard 1: HTTPS (TLS 1.3) with its own certificate; plain HTTP refused", flush=True)
+
+
 def bad_requests(base):
     """Errors for bad requests; the stalled sockets are returned open (closed by the caller)."""
     code, ctype, body = get(base + "/no/such/path")
@@ -191,9 +220,13 @@ def run(bins, work):
                                      "--server.http_linger_ms=60000"] + common + tls("shard-0"))
         coordinator = "tcp://127.0.0.1:" + wait_file(f"{work}/port-0", s0, 30)
         base = "http://127.0.0.1:" + wait_file(f"{work}/http-port", s0, 30)
-        procs.start("shard-1", [bins.server, "--shard", "1", "--shards", "2", "--listen",
-                                "tcp://127.0.0.1:*", "--coordinator", coordinator,
-                                "--server.metrics_file="] + common + tls("shard-1"))
+        # Shard 1 serves on a non-loopback address (all interfaces): HTTPS with its certificate.
+        s1 = procs.start("shard-1", [bins.server, "--shard", "1", "--shards", "2", "--listen",
+                                     "tcp://127.0.0.1:*", "--coordinator", coordinator,
+                                     "--server.metrics_file=", "--server.http=0.0.0.0:0",
+                                     f"--server.http_port_file={work}/http-port-1"]
+                         + common + tls("shard-1"))
+        https(pki, wait_file(f"{work}/http-port-1", s1, 30))
         for i in range(3):
             procs.start(f"client-{i}", [bins.client, "--server", coordinator, "--name",
                                         f"client-{i}", "--data", "iid", "--part", f"{i}/3"]
