@@ -5,7 +5,12 @@
 
 #include <sys/socket.h>
 
+#include <pthread.h>
+
 #include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "cohort/core/error.h"
@@ -39,6 +44,57 @@ std::optional<std::uint64_t> parse_u64(const std::string& s) {
   if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
   return v;
 }
+
+// httplib's task queue with its threads named "cohort-http", so that top, gdb and
+// bench/http_overhead.sh (which sums their CPU time from /proc) can tell them apart.
+class NamedPool final : public httplib::TaskQueue {
+ public:
+  explicit NamedPool(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        pthread_setname_np(pthread_self(), "cohort-http");
+        work();
+      });
+    }
+  }
+  ~NamedPool() override { shutdown(); }
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(fn));
+    }
+    cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and every accepted connection served
+        fn = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      fn();
+    }
+  }
+  std::mutex mu_;  // guards jobs_ and stopping_
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
 
 }  // namespace
 
@@ -80,7 +136,7 @@ HttpServer::HttpServer(const HttpOptions& options, const Telemetry& telemetry, A
     server_ = std::make_unique<httplib::Server>();
   }
   const auto threads = static_cast<std::size_t>(std::max(1, options.threads));
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->new_task_queue = [threads] { return new NamedPool(threads); };
   server_->set_read_timeout(options.read_timeout);
   server_->set_write_timeout(options.read_timeout);
   server_->set_keep_alive_timeout(options.read_timeout.count());

@@ -246,6 +246,7 @@ void Node::on_secagg(Message& m, const transport::SecAgg& sa) {
 }
 
 void Node::refresh_telemetry() {
+  const auto start = clock_.now();
   telemetry_->refresh(ep_.stats(), shard_->stats());
   if (coordinator_) telemetry_->refresh(coordinator_->snapshot());
   if (upstream_ && welcomed_ && upstream_->is_ready()) {
@@ -254,6 +255,7 @@ void Node::refresh_telemetry() {
     e.body = transport::Telemetry{.shard = index_};
     upstream_->send({}, std::move(e), transport::Payload{*bytes, bytes});
   }
+  telemetry_->add_refresh_time(std::chrono::duration<double>(clock_.now() - start).count());
 }
 
 void Node::linger(const std::atomic<bool>& stop) {

@@ -104,6 +104,9 @@ void describe(observe::Telemetry& t) {
              "Checkpoints a shard failed to write.");
   t.describe("cohort_process_resident_memory_bytes", Kind::kGauge,
              "A shard process's resident memory.");
+  t.describe("cohort_telemetry_refresh_seconds_total", Kind::kCounter,
+             "Time a shard's message loop spent refreshing these figures (the endpoint's cost to "
+             "training; requests are served on other threads).");
 }
 
 }  // namespace
@@ -209,6 +212,10 @@ void ServerTelemetry::on_client(const std::vector<MetricField>& f) {
   row.throughput = num("up_bytes_per_s_0");
   row.assigned_steps = static_cast<std::uint64_t>(num("assigned_steps"));
   row.micro_batch = static_cast<std::uint64_t>(num("micro_batch"));
+}
+
+void ServerTelemetry::add_refresh_time(double seconds) {
+  t_.add("cohort_telemetry_refresh_seconds_total", shard_, seconds);
 }
 
 void ServerTelemetry::refresh(const transport::EndpointStats& ep, const ShardStats& s) {

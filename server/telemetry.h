@@ -46,6 +46,8 @@ class ServerTelemetry {
   // This process's figures; the message loop calls it about once a second.
   void refresh(const transport::EndpointStats& listener, const ShardStats& shard);
   void refresh(const CoordinatorSnapshot& coordinator);
+  // Counts the message loop's time in the refreshes (and in sending them to shard 0).
+  void add_refresh_time(double seconds);
   // Shards > 0: this process's samples, as the Telemetry message's payload (JSON).
   [[nodiscard]] std::vector<std::byte> encode_samples() const;
   // Shard 0: what shard `shard` sent. Throws ProtocolError for a malformed payload.

@@ -59,6 +59,8 @@ Config shard_config(const Config& sim, const SimOptions& options, std::size_t re
   c.set_value("server.client_timeout_ms", std::int64_t{1} << 40);  // virtual clients never time out
   c.set_value("tls.insecure", true);
   if (index != 0) c.set_value("server.metrics_file", std::string());
+  // The HTTP endpoint (server.http) is shard 0's only: every shard of the run shares the config.
+  if (index != 0) c.set_value("server.http", std::string("off"));
   c.set_value("metrics.tensorboard_dir", index == 0 ? server_tensorboard_dir(sim) : std::string());
   return c;
 }

@@ -142,6 +142,7 @@ int run_processes(const Config& config, const std::filesystem::path& bin_dir,
       servers.push_back(spawn(
           {server_bin, "--config", cfg, "--insecure", "--shard", std::to_string(i), "--shards",
            std::to_string(shards), "--listen", "tcp://127.0.0.1:*", "--coordinator", coordinator,
+           "--server.http=off",  // the endpoint (server.http) is shard 0's only
            "--port-file", (dir / ("port-" + std::to_string(i))).string()},
           dir / ("shard-" + std::to_string(i) + ".log")));
     }

@@ -174,8 +174,8 @@ std::vector<json> run_shortened_example(const test::TempDir& dir, const char* ex
   return records(dir.path() / "sim.jsonl", "sim_round");
 }
 
-TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator"
-          * doctest::test_suite("long")) {
+TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator" *
+          doctest::test_suite("long")) {
   test::TempDir dir;
   const auto rounds = run_shortened_example(dir, "sim/own_cnn.toml");
   REQUIRE(rounds.size() == 3);
@@ -183,8 +183,8 @@ TEST_CASE("a CNN written layer by layer in a TOML file trains in the simulator"
   CHECK(rounds.back()["test_accuracy"].get<double>() > 0.5);
 }
 
-TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator"
-          * doctest::test_suite("long")) {
+TEST_CASE("a residual network with batchnorm, written in a TOML file, trains in the simulator" *
+          doctest::test_suite("long")) {
   // Residual blocks (one with a projection shortcut), batchnorm and global average pooling; the
   // server evaluates with the averaged running statistics.
   test::TempDir dir;
@@ -625,10 +625,10 @@ TEST_CASE("server.selection = speed_aware: over-selects new clients, then less; 
 
 TEST_CASE("100,000 registered clients on 60,000 images: sample:60, registered at once") {
   test::TempDir dir;
-  const Config config = make_config(
-      dir, {"sim.clients=100000", "data.partition=sample:60", "server.clients_per_round=10",
-            "server.rounds=3", "server.eval_every=3", "train.batch_size=20", "train.epochs=5",
-            "train.lr=0.1"});
+  const Config config =
+      make_config(dir, {"sim.clients=100000", "data.partition=sample:60",
+                        "server.clients_per_round=10", "server.rounds=3", "server.eval_every=3",
+                        "train.batch_size=20", "train.epochs=5", "train.lr=0.1"});
   const Summary s = run(config);
   CHECK(s.committed == 3);
   REQUIRE(s.selections.size() == 100000);

@@ -38,7 +38,7 @@ FAMILIES = [
     "cohort_pull_throughput_bytes_per_second", "cohort_tls_handshakes_total",
     "cohort_tls_handshake_failures_total", "cohort_records_dropped_total",
     "cohort_checkpoint_age_seconds", "cohort_checkpoint_failures_total",
-    "cohort_process_resident_memory_bytes",
+    "cohort_process_resident_memory_bytes", "cohort_telemetry_refresh_seconds_total",
 ]
 PER_SHARD = [f for f in FAMILIES if f.startswith(("cohort_received", "cohort_sent",
                                                    "cohort_push", "cohort_pull", "cohort_tls",
