@@ -379,6 +379,7 @@ int run(const Config& config, const Registries& registries, const std::atomic<bo
   check_options(config);
   // The edge: from here on the server reads typed options, never the Config.
   ServerOptions options = server_options_from(config);
+  options.http.source = overrides.http_source;
   if (overrides.plan_deadline_ms > 0) {
     options.work.plan_deadline_s = static_cast<double>(overrides.plan_deadline_ms) / 1e3;
   }

@@ -155,7 +155,8 @@ struct HttpEndpointOptions {
   bool explicitly_set = false;  // server.http named an address: failing to bind it is an error
   observe::HttpOptions http;    // with the certificate and key for a non-loopback address
   std::string port_file;        // server.http_port_file
-  std::chrono::milliseconds linger{0};  // server.http_linger_ms
+  std::chrono::milliseconds linger{0};   // server.http_linger_ms
+  std::string source = "cohort-server";  // /api/v1/status's "source" (cohort-sim sets its own)
 };
 
 // server.http for shard `node.index`, checked. Throws ConfigError naming the key for a bad

@@ -117,7 +117,7 @@ std::string reason_class(const std::string& reason) {
     return "late";
   if (has("non-finite") || has("not finite")) return "non_finite";
   if (has("misaligned") || has("past the end") || has("longer than") || has("shorter than") ||
-      has("bad shape") || has("chunk at byte"))
+      has("bad shape") || has("chunk at byte") || has("length") || has("zero samples"))
     return "malformed";
   if (has("second") || has("different update")) return "duplicate";
   if (has("not selected") || has("not a member") || has("not in")) return "not_selected";
@@ -132,7 +132,7 @@ std::string reason_class(const std::string& reason) {
 ServerTelemetry::ServerTelemetry(const ServerOptions& options, std::uint32_t shard)
     : shard_(label("shard", std::to_string(shard))), index_(shard) {
   describe(t_);
-  t_.set_status("source", "cohort-server");
+  t_.set_status("source", options.http.source);
   t_.set_status("mode", mode_name(options.modes.mode));
   t_.set_status("model", options.model.spec);
   t_.set_status("rounds_planned", options.round.rounds);
@@ -178,7 +178,7 @@ void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
   if (auto s = get("train_seconds")) t_.set("cohort_round_train_seconds", "", *s);
   if (auto s = get("comm_seconds")) t_.set("cohort_round_comm_seconds", "", *s);
   nlohmann::json latest = t_.status().value("latest", nlohmann::json::object());
-  latest["round"] = round;
+  latest["round"] = static_cast<std::uint64_t>(round);
   if (auto v = get("train_loss")) {
     t_.set("cohort_train_loss", "", *v);
     latest["train_loss"] = *v;
@@ -193,7 +193,7 @@ void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
   }
   if (auto v = get("dp_epsilon")) t_.set("cohort_dp_epsilon", "", *v);
   t_.set_status("latest", std::move(latest));
-  t_.set_status("rounds_committed", round);
+  t_.set_status("rounds_committed", static_cast<std::uint64_t>(round));
   t_.add_round(to_json(f));
 }
 

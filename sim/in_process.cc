@@ -105,7 +105,8 @@ Summary run_in_process(const Config& config, const Registries& registries,
   const server::InProcessOverrides overrides{
       .plan_deadline_ms =
           options.server.deadline_work ? config.get_int("server.round_deadline_ms") : 0,
-      .population = fleet->prepare()};
+      .population = fleet->prepare(),
+      .http_source = "cohort-sim"};
   for (std::uint32_t i = 0; i < shards; ++i) {
     threads.emplace_back([&, i] {
       try {

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 #include "cohort/aggregation/registries.h"
 #include "cohort/core/config.h"
@@ -48,6 +49,8 @@ struct InProcessOverrides {
   // Set: shard 0's coordinator takes this population's first Register as the registration of
   // every present member (population.h), and refuses any other client.
   std::shared_ptr<const VirtualPopulation> population;
+  // What the HTTP endpoint's /api/v1/status names as its source.
+  std::string http_source = "cohort-server";
 };
 int run(const Config& config, const Registries& registries, const std::atomic<bool>& stop,
         transport::Context& ctx, const InProcessOverrides& overrides);
