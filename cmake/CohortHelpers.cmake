@@ -8,7 +8,7 @@
 # - PROCESSORS: the cores a run keeps busy (default 1); at -j 2 a test with 2 runs alone.
 # - RESOURCE_LOCK: tests that hold the same resource never run at the same time.
 # - RUN_SERIAL: runs with no other test (one that compares CPU speeds).
-# - PER_SOURCE: one CTest test per source file, NAME.<file stem> (doctest's --source-file), so
+# - PER_SOURCE: one CTest test per .cc source file, NAME.<file stem> (doctest's --source-file), so
 #   that the parts of a long binary run side by side.
 # - COST: about the seconds its longer run takes (Release or ASan); CTest starts the costly tests first when it has
 #   no timings of its own yet (a cold CI checkout), so that no long test is left to run alone last.
@@ -46,6 +46,9 @@ function(cohort_add_tests name)
   set(tests)
   if(ARG_PER_SOURCE)
     foreach(source ${ARG_SOURCES})
+      if(NOT source MATCHES "\\.cc$")
+        continue()
+      endif()
       get_filename_component(stem ${source} NAME_WE)
       add_test(NAME ${name}.${stem} COMMAND ${name} ${args} --source-file=*/${source})
       list(APPEND tests ${name}.${stem})
