@@ -10,8 +10,9 @@
 # - RUN_SERIAL: runs with no other test (one that compares CPU speeds).
 # - PER_SOURCE: one CTest test per .cc source file, NAME.<file stem> (doctest's --source-file), so
 #   that the parts of a long binary run side by side.
-# - COST: about the seconds its longer run takes (Release or ASan); CTest starts the costly tests first when it has
-#   no timings of its own yet (a cold CI checkout), so that no long test is left to run alone last.
+# - COST: about the seconds its longer run takes (Release or ASan). CTest starts the costly tests
+#   first when it has no timings of its own yet (a cold CI checkout), so that no long test is left
+#   to run alone at the end.
 function(cohort_add_tests name)
   if(NOT COHORT_BUILD_TESTS)
     return()
