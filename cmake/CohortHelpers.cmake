@@ -1,13 +1,24 @@
-# cohort_add_tests(NAME LABELS l... LINK t... SOURCES s... [TIMEOUT sec] [DEFINES d...])
+# cohort_add_tests(NAME LABELS l... LINK t... SOURCES s... [TIMEOUT sec] [DEFINES d...]
+#                  [PROCESSORS n] [RESOURCE_LOCK r...] [RUN_SERIAL] [PER_SOURCE] [COST sec])
 # Builds one doctest binary (main supplied here) and registers it with CTest. The main
 # (tests/support/doctest_main.cc) fails a run in which a test case passed with zero assertions or
 # no test case ran, and exits with 77 when every test case that ran called
 # cohort::test::skip_test_case() ("skip.h"): CTest then reports the test as skipped, not passed.
+# scripts/test.sh runs CTest with -j 2:
+# - PROCESSORS: the cores a run keeps busy (default 1); at -j 2 a test with 2 runs alone.
+# - RESOURCE_LOCK: tests that hold the same resource never run at the same time.
+# - RUN_SERIAL: runs with no other test (one that compares CPU speeds).
+# - PER_SOURCE: one CTest test per .cc source file, NAME.<file stem> (doctest's --source-file), so
+#   that the parts of a long binary run side by side.
+# - COST: about the seconds its longer run takes (Release or ASan). CTest starts the costly tests
+#   first when it has no timings of its own yet (a cold CI checkout), so that no long test is left
+#   to run alone at the end.
 function(cohort_add_tests name)
   if(NOT COHORT_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "TIMEOUT" "LABELS;LINK;SOURCES;DEFINES" ${ARGN})
+  cmake_parse_arguments(ARG "RUN_SERIAL;PER_SOURCE" "TIMEOUT;PROCESSORS;COST"
+    "LABELS;LINK;SOURCES;DEFINES;RESOURCE_LOCK" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
@@ -33,9 +44,34 @@ function(cohort_add_tests name)
   if(COHORT_SANITIZE)
     set(args --test-suite-exclude=long)
   endif()
-  add_test(NAME ${name} COMMAND ${name} ${args})
-  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    SKIP_RETURN_CODE 77)
+  set(tests)
+  if(ARG_PER_SOURCE)
+    foreach(source ${ARG_SOURCES})
+      if(NOT source MATCHES "\\.cc$")
+        continue()
+      endif()
+      get_filename_component(stem ${source} NAME_WE)
+      add_test(NAME ${name}.${stem} COMMAND ${name} ${args} --source-file=*/${source})
+      list(APPEND tests ${name}.${stem})
+    endforeach()
+  else()
+    add_test(NAME ${name} COMMAND ${name} ${args})
+    set(tests ${name})
+  endif()
+  if(NOT ARG_PROCESSORS)
+    set(ARG_PROCESSORS 1)
+  endif()
+  set_tests_properties(${tests} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    SKIP_RETURN_CODE 77 PROCESSORS ${ARG_PROCESSORS})
+  if(ARG_RESOURCE_LOCK)
+    set_tests_properties(${tests} PROPERTIES RESOURCE_LOCK "${ARG_RESOURCE_LOCK}")
+  endif()
+  if(ARG_RUN_SERIAL)
+    set_tests_properties(${tests} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+  if(ARG_COST)
+    set_tests_properties(${tests} PROPERTIES COST ${ARG_COST})
+  endif()
   # Collected into the target cohort_unprivileged_tests (top-level CMakeLists.txt).
   if(NOT "root" IN_LIST ARG_LABELS)
     set_property(GLOBAL APPEND PROPERTY COHORT_UNPRIVILEGED_TESTS ${name})

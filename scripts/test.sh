@@ -10,12 +10,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+# CTest runs two tests at a time (COHORT_CTEST_JOBS to change): most tests keep less than one core
+# busy (processes that wait on each other, on links and deadlines). Tests that must not share the
+# machine say so in their CTest properties (RUN_SERIAL, RESOURCE_LOCK, PROCESSORS:
+# cmake/CohortHelpers.cmake).
+ctest_jobs=${COHORT_CTEST_JOBS:-2}
 
 bash scripts/install-deps.sh
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCOHORT_WITH_CUDA=AUTO
 cmake --build build -j "$jobs"
-ctest --test-dir build --output-on-failure --timeout 600 -j 1
+ctest --test-dir build --output-on-failure --timeout 600 -j "$ctest_jobs"
 
 # The installed package as a user meets it: cmake --install into build/install, then
 # examples/custom_aggregator (its own CMake project, find_package(Cohort)) built against it in
@@ -41,7 +46,7 @@ if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # (a quarter of this build on 2 cores).
   cmake --build build-asan -j "$jobs" --target cohort_unprivileged_tests
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --timeout 900 -j 1 -LE 'root|bench|long'
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -j "$ctest_jobs" -LE 'root|bench|long'
 fi
 
 if [ "${COHORT_TEST_SKIP_TSAN:-0}" != "1" ]; then
@@ -54,7 +59,7 @@ if [ "${COHORT_TEST_SKIP_TSAN:-0}" != "1" ]; then
     cohort_checkpoint_tests cohort_bad_input_tests cohort-server cohort-client cohort-transport-demo \
     cohort-keygen
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/sanitizers/tsan.supp" \
-    ctest --test-dir build-tsan --output-on-failure --timeout 900 -j 1 \
+    ctest --test-dir build-tsan --output-on-failure --timeout 900 -j "$ctest_jobs" \
     -R '^(cohort_transport_tests|cohort_transport_security_tests|cohort_checkpoint_tests|cohort_bad_input_tests)$'
 fi
 
