@@ -308,6 +308,10 @@ class Fleet {
   };
   std::map<std::uint32_t, SecAggClient> secagg_;
   std::uint64_t secagg_round_ = 0;
+  // The round before secagg_round_, kept until its record is closed: the next round's stages may
+  // start before close_active() charges this one (secagg_charge()).
+  std::map<std::uint32_t, SecAggClient> secagg_prev_;
+  std::uint64_t secagg_prev_round_ = 0;
   std::size_t secagg_tasks_ = 0;  // steps on the training threads whose results are not in
   std::mutex secagg_mu_;          // guards secagg_done_
   std::vector<SecAggOut> secagg_done_;

@@ -30,6 +30,8 @@ void Fleet::send_secagg(std::uint32_t c, std::uint64_t round, SecAggStage stage,
 
 void Fleet::secagg_begin(std::uint32_t c, const transport::RoundStart& rs) {
   if (secagg_round_ != rs.round) {
+    secagg_prev_ = std::move(secagg_);
+    secagg_prev_round_ = secagg_round_;
     secagg_.clear();
     secagg_round_ = rs.round;
   }
@@ -150,10 +152,13 @@ std::shared_ptr<std::vector<std::uint32_t>> Fleet::secagg_mask(const Job& job) {
 }
 
 double Fleet::secagg_charge(const Active& a, RoundRecord& rec) {
+  // The round's own clients: the next round may have begun its stages already.
+  const auto& round = a.rs.round == secagg_round_ ? secagg_ : secagg_prev_;
+  if (a.rs.round != secagg_round_ && a.rs.round != secagg_prev_round_) return rec.secagg_s = 0;
   double cpu = 0, transfer = 0, latency = 0;
   for (const auto& j : a.jobs) {
-    const auto it = secagg_.find(j->client);
-    if (it == secagg_.end()) continue;
+    const auto it = round.find(j->client);
+    if (it == round.end()) continue;
     const auto& s = it->second;
     cpu = std::max(cpu, s.cpu_s);
     transfer =
