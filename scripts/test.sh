@@ -33,10 +33,12 @@ examples/custom_trainer/run.sh --prefix build/install --build build/custom_train
 
 if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # The test suite again under AddressSanitizer + UBSan: every unit, integration, process and
-  # fault test but the network-namespace ones (root), the benchmark smoke runs and the long runs
+  # fault test but the network-namespace ones (root), the benchmark smoke runs, the long runs
   # (label long, and the test cases in doctest's suite "long": whole runs kept for their learning
-  # outcome or a deadline they wait out, whose code paths shorter cases cover), which run in the
-  # Release pass above. -g1 (line tables only) is all a sanitizer report needs, and compiles and
+  # outcome or a deadline they wait out, whose code paths shorter cases cover) and the Python
+  # checkers of what the operator sees (label python: the dashboard in Chromium, TensorBoard's
+  # reader, the manifests' linters; their C++ runs under ASan in cohort_observe_tests and
+  # cohort_core_tests), which run in the Release pass above. -g1 (line tables only) is all a sanitizer report needs, and compiles and
   # links much faster.
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
@@ -46,7 +48,8 @@ if [ "${COHORT_TEST_SKIP_ASAN:-0}" != "1" ]; then
   # (a quarter of this build on 2 cores).
   cmake --build build-asan -j "$jobs" --target cohort_unprivileged_tests
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure --timeout 900 -j "$ctest_jobs" -LE 'root|bench|long'
+    ctest --test-dir build-asan --output-on-failure --timeout 900 -j "$ctest_jobs" \
+    -LE 'root|bench|long|python'
 fi
 
 if [ "${COHORT_TEST_SKIP_TSAN:-0}" != "1" ]; then
