@@ -52,6 +52,7 @@ base_tag=""
 cache="${HOME:-/root}/.cache/cohort-image"
 mirror=""
 packages=""
+foreign=""
 dataset=1
 storage=""
 driver="overlay"
@@ -128,11 +129,18 @@ if [ -z "$packages" ]; then
             | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)"
   missing="$(for b in "$install_tree"/bin/cohort-*; do ldd "$b"; done | grep 'not found' || true)"
   [ -z "$missing" ] || die "the binaries miss libraries on this machine: $missing"
+  # A library no Debian package owns (the CUDA toolkit's cudart and cuBLAS, for a build with
+  # CUDA) is copied into the image at the same path, where the binaries' RUNPATH finds it.
   for lib in $libs; do
-    owner="$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null)" \
-      || die "no Debian package owns $lib (a library that is not from Debian cannot go into the base)"
-    echo "${owner%%:*}"
+    if owner="$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(readlink -f "$lib")" 2>/dev/null)"; then
+      echo "${owner%%:*}"
+    else
+      echo "$lib" >>"${TMPDIR:-/tmp}/cohort-image-foreign.$$"
+    fi
   done | sort -u >"${TMPDIR:-/tmp}/cohort-image-packages.$$"
+  foreign="$(sort -u "${TMPDIR:-/tmp}/cohort-image-foreign.$$" 2>/dev/null | tr '\n' ' ')"
+  rm -f "${TMPDIR:-/tmp}/cohort-image-foreign.$$"
+  [ -z "$foreign" ] || log "not from Debian, copied into the image as they are: $foreign"
   packages="$(tr '\n' ' ' <"${TMPDIR:-/tmp}/cohort-image-packages.$$")"
   rm -f "${TMPDIR:-/tmp}/cohort-image-packages.$$"
 fi
@@ -187,8 +195,12 @@ build=(build --pull=never --isolation chroot --network host
        --build-arg "BASE=$base_tag" -f "$here/Dockerfile" -t "$tag")
 start=$SECONDS
 if [ -n "$install_tree" ]; then
-  mkdir -p "$work/context/install"
+  mkdir -p "$work/context/install/foreign"
   cp -a "$install_tree/bin" "$work/context/install/"
+  for lib in ${foreign:-}; do
+    mkdir -p "$work/context/install/foreign$(dirname "$lib")"
+    cp -L "$lib" "$work/context/install/foreign$lib"
+  done
   "${podman[@]}" "${build[@]}" --target prebuilt --build-arg INSTALL_TREE=install "$work/context" >&2
 else
   "${podman[@]}" "${build[@]}" --target source --build-arg "JOBS=$jobs" \
