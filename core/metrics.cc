@@ -6,6 +6,26 @@
 
 namespace cohort {
 
+const MetricValue* find_field(const std::vector<MetricField>& fields, std::string_view name) {
+  for (const auto& [k, v] : fields) {
+    if (k == name) return &v;
+  }
+  return nullptr;
+}
+
+std::optional<double> numeric(const MetricValue& value) {
+  return std::visit(
+      [](const auto& x) -> std::optional<double> {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return std::nullopt;
+        } else {
+          return static_cast<double>(x);
+        }
+      },
+      value);
+}
+
 MetricsSink::MetricsSink(const std::filesystem::path& path) {
   if (path.empty()) return;
   out_.open(path, std::ios::out | std::ios::trunc);

@@ -79,27 +79,6 @@ double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A numeric metric as the float TensorBoard stores; nullopt for a string.
-std::optional<double> numeric(const MetricValue& v) {
-  return std::visit(
-      [](const auto& x) -> std::optional<double> {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          return std::nullopt;
-        } else {
-          return static_cast<double>(x);
-        }
-      },
-      v);
-}
-
-const MetricValue* find_field(const std::vector<MetricField>& fields, std::string_view name) {
-  for (const auto& [k, v] : fields) {
-    if (k == name) return &v;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 std::uint32_t crc32c(std::string_view data) {

@@ -15,25 +15,7 @@ namespace {
 using observe::Kind;
 using observe::label;
 
-double number(const MetricValue& v) {
-  return std::visit(
-      [](const auto& x) -> double {
-        using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          return 0;
-        } else {
-          return static_cast<double>(x);
-        }
-      },
-      v);
-}
-
-const MetricValue* field(const std::vector<MetricField>& f, std::string_view key) {
-  for (const auto& [k, v] : f) {
-    if (k == key) return &v;
-  }
-  return nullptr;
-}
+double number(const MetricValue& v) { return numeric(v).value_or(0); }
 
 nlohmann::json to_json(const std::vector<MetricField>& fields) {
   nlohmann::json j = nlohmann::json::object();
@@ -119,7 +101,8 @@ std::string reason_class(const std::string& reason) {
   if (has("misaligned") || has("past the end") || has("longer than") || has("shorter than") ||
       has("bad shape") || has("chunk at byte") || has("length") || has("zero samples"))
     return "malformed";
-  if (has("second") || has("different update")) return "duplicate";
+  if (has("second") || has("different update") || has("duplicate")) return "duplicate";
+  if (has("not opened") || has("another round")) return "wrong_round";
   if (has("not selected") || has("not a member") || has("not in")) return "not_selected";
   if (has("deadline") || has("timed out")) return "deadline";
   if (has("could not aggregate") || has("needs at least")) return "too_few_updates";
@@ -156,7 +139,7 @@ void ServerTelemetry::on_record(std::string_view event, const std::vector<Metric
   if (event == "round") {
     on_round(f);
   } else if (event == "round_failed") {
-    const auto* why = field(f, "reason");
+    const auto* why = find_field(f, "reason");
     const std::string reason =
         why && std::holds_alternative<std::string>(*why) ? std::get<std::string>(*why) : "";
     t_.add("cohort_rounds_failed_total", label("reason", reason_class(reason)), 1);
@@ -169,8 +152,8 @@ void ServerTelemetry::on_record(std::string_view event, const std::vector<Metric
 
 void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
   auto get = [&](std::string_view k) -> std::optional<double> {
-    const auto* v = field(f, k);
-    return v ? std::optional<double>(number(*v)) : std::nullopt;
+    const auto* v = find_field(f, k);
+    return v ? numeric(*v) : std::nullopt;
   };
   const double round = get("round").value_or(0);
   t_.set("cohort_rounds_committed_total", "", round);
@@ -198,10 +181,10 @@ void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
 }
 
 void ServerTelemetry::on_client(const std::vector<MetricField>& f) {
-  const auto* name = field(f, "client");
+  const auto* name = find_field(f, "client");
   if (!name || !std::holds_alternative<std::string>(*name)) return;
   auto num = [&](std::string_view k) {
-    const auto* v = field(f, k);
+    const auto* v = find_field(f, k);
     return v ? number(*v) : 0.0;
   };
   std::lock_guard lock(mu_);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -17,6 +18,11 @@ namespace cohort {
 
 using MetricValue = std::variant<bool, std::int64_t, std::uint64_t, double, std::string>;
 using MetricField = std::pair<std::string, MetricValue>;
+
+// A record's field by name, or nullptr.
+const MetricValue* find_field(const std::vector<MetricField>& fields, std::string_view name);
+// A numeric field's value as a double; nullopt for a string.
+std::optional<double> numeric(const MetricValue& value);
 
 // Sees every record a sink is given, in order (TensorBoard files, the HTTP endpoint's store).
 using MetricsObserver =
