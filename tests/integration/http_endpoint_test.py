@@ -25,6 +25,8 @@ import time
 import urllib.error
 import urllib.request
 
+from procs import Processes, records
+
 ROUNDS = 8
 FAILURES = []
 
@@ -96,29 +98,6 @@ def one(samples, family, labels=""):
     return vals[0] if len(vals) == 1 else None
 
 
-class Processes:
-    def __init__(self, folder):
-        self.folder, self.procs = folder, []
-
-    def start(self, name, args):
-        with open(os.path.join(self.folder, name + ".log"), "wb") as out:
-            p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        self.procs.append((name, p))
-        return p
-
-    def log(self, name):
-        with open(os.path.join(self.folder, name + ".log"), errors="replace") as f:
-            return f.read()[-3000:]
-
-    def close(self):
-        for _, p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-        for _, p in self.procs:
-            p.wait(timeout=30)
-
-
 def wait_file(path, proc, seconds):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -128,13 +107,6 @@ def wait_file(path, proc, seconds):
             break
         time.sleep(0.05)
     raise RuntimeError(f"no {path} (exit code {proc.poll()})")
-
-
-def records(path, event):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [r for r in map(json.loads, f) if r.get("event") == event]
 
 
 def keys(bins, work):

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from procs import Processes, read_port, records
+
 # The fields each record type maps to a tag (server/round_report.cc round_scalars(),
 # sim/report.cc sim_round_scalars()).
 ROUND_TAGS = {
@@ -72,50 +74,6 @@ def setup_venv(venv):
         return 1
     print(f"{venv}: tensorboard installed")
     return 0
-
-
-class Processes:
-    """Child processes with their output in files; all killed and reaped by close()."""
-
-    def __init__(self, folder):
-        self.folder, self.procs = folder, []
-
-    def start(self, name, args):
-        out = open(os.path.join(self.folder, name + ".log"), "wb")
-        p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        out.close()
-        self.procs.append((name, p))
-        return p
-
-    def log(self, name):
-        with open(os.path.join(self.folder, name + ".log"), errors="replace") as f:
-            return f.read()[-3000:]
-
-    def close(self):
-        for _, p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-        for _, p in self.procs:
-            p.wait(timeout=30)
-
-
-def read_port(path, proc, seconds=30):
-    deadline = time.monotonic() + seconds
-    for _ in range(int(seconds / 0.05) + 1):
-        if os.path.exists(path):
-            with open(path) as f:
-                port = f.read().strip()
-            if port:
-                return port
-        if proc.poll() is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    raise RuntimeError(f"no port in {path} (exit code {proc.poll()})")
-
-
-def records(jsonl, event):
-    with open(jsonl) as f:
-        return [r for r in map(json.loads, f) if r.get("event") == event]
 
 
 def f32(x):
