@@ -143,8 +143,8 @@ void ServerTelemetry::on_record(std::string_view event, const std::vector<Metric
     const std::string reason =
         why && std::holds_alternative<std::string>(*why) ? std::get<std::string>(*why) : "";
     t_.add("cohort_rounds_failed_total", label("reason", reason_class(reason)), 1);
-    const auto failed = t_.status().value("rounds_failed", std::uint64_t{0}) + 1;
-    t_.set_status("rounds_failed", failed);
+    std::lock_guard lock(mu_);
+    t_.set_status("rounds_failed", ++rounds_failed_);
   } else if (event == "client") {
     on_client(f);
   }
@@ -160,7 +160,8 @@ void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
   if (auto s = get("round_seconds")) t_.observe("cohort_round_duration_seconds", *s);
   if (auto s = get("train_seconds")) t_.set("cohort_round_train_seconds", "", *s);
   if (auto s = get("comm_seconds")) t_.set("cohort_round_comm_seconds", "", *s);
-  nlohmann::json latest = t_.status().value("latest", nlohmann::json::object());
+  std::lock_guard lock(mu_);
+  nlohmann::json& latest = latest_;
   latest["round"] = static_cast<std::uint64_t>(round);
   if (auto v = get("train_loss")) {
     t_.set("cohort_train_loss", "", *v);
@@ -175,7 +176,7 @@ void ServerTelemetry::on_round(const std::vector<MetricField>& f) {
     latest["test_accuracy"] = *v;
   }
   if (auto v = get("dp_epsilon")) t_.set("cohort_dp_epsilon", "", *v);
-  t_.set_status("latest", std::move(latest));
+  t_.set_status("latest", latest);
   t_.set_status("rounds_committed", static_cast<std::uint64_t>(round));
   t_.add_round(to_json(f));
 }
@@ -289,8 +290,8 @@ std::vector<std::byte> ServerTelemetry::encode_samples() const {
   nlohmann::json msg{{"samples", std::move(j)}};
   {
     // The shard's row of the status's shard table travels too.
-    const auto shards = t_.status().value("shards", nlohmann::json::array());
-    if (!shards.empty()) msg["row"] = shards.front();
+    std::lock_guard lock(mu_);
+    if (auto it = shard_rows_.find(index_); it != shard_rows_.end()) msg["row"] = it->second;
   }
   const std::string text = msg.dump();
   const auto* p = reinterpret_cast<const std::byte*>(text.data());

@@ -67,10 +67,12 @@ class ServerTelemetry {
   std::string shard_;  // the label shard="i"
   std::uint32_t index_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::mutex mu_;                             // guards clients_ (sink observer vs. message loop)
+  mutable std::mutex mu_;  // guards the members below (sink observer vs. message loop)
   std::map<std::string, ClientRow> clients_;  // from the "client" records, by name
   std::map<std::uint32_t, nlohmann::json> shard_rows_;
-  std::map<std::string, double> refusals_;  // this process's, by reason class
+  std::map<std::string, double> refusals_;            // this process's, by reason class
+  nlohmann::json latest_ = nlohmann::json::object();  // the status's "latest", kept here
+  std::uint64_t rounds_failed_ = 0;
   std::chrono::steady_clock::time_point last_refresh_{};
   std::uint64_t last_push_ = 0, last_pull_ = 0;  // at the last refresh, for the throughputs
 };
