@@ -7,7 +7,8 @@
 # scripts/test.sh runs CTest with -j 2:
 # - PROCESSORS: the cores a run keeps busy (default 1); at -j 2 a test with 2 runs alone.
 # - RESOURCE_LOCK: tests that hold the same resource never run at the same time.
-# - RUN_SERIAL: runs with no other test (one that compares CPU speeds).
+# - RUN_SERIAL: runs with no other test (one that compares CPU speeds). It is labelled `serial`
+#   too: scripts/test.sh runs those after the build it keeps in the background beside the others.
 # - PER_SOURCE: one CTest test per .cc source file, NAME.<file stem> (doctest's --source-file), so
 #   that the parts of a long binary run side by side.
 # - COST: about the seconds its longer run takes (Release or ASan). CTest starts the costly tests
@@ -27,16 +28,15 @@ function(cohort_add_tests name)
   if(NOT TARGET cohort_doctest_main)
     add_library(cohort_doctest_main OBJECT ${PROJECT_SOURCE_DIR}/tests/support/doctest_main.cc)
     target_link_libraries(cohort_doctest_main PRIVATE doctest::doctest cohort::options)
+    target_compile_options(cohort_doctest_main PRIVATE -O0)
   endif()
   add_executable(${name} $<TARGET_OBJECTS:cohort_doctest_main> ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LINK} doctest::doctest cohort::warnings cohort::options)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
-  # Test files compile at -O1 in optimised builds, the libraries they test at the build's level:
-  # a test's time goes into the code it tests, and its own files are half of a build.
-  if(NOT CMAKE_BUILD_TYPE STREQUAL "Debug")
-    target_compile_options(${name} PRIVATE -O1)
-  endif()
+  # Test files compile at -O0, the libraries they test at the build's level: a test's time goes
+  # into the code it tests, and its own files are half of a build (docs/PERFORMANCE.md 13).
+  target_compile_options(${name} PRIVATE -O0)
   # A sanitizer build leaves out the test cases in doctest's test suite "long": whole runs kept
   # for their learning outcome (an accuracy after several rounds) or for a deadline they wait out,
   # whose code paths shorter cases run under the sanitizers too. The Release pass runs them.
@@ -68,6 +68,7 @@ function(cohort_add_tests name)
   endif()
   if(ARG_RUN_SERIAL)
     set_tests_properties(${tests} PROPERTIES RUN_SERIAL TRUE)
+    set_property(TEST ${tests} APPEND PROPERTY LABELS serial)
   endif()
   if(ARG_COST)
     set_tests_properties(${tests} PROPERTIES COST ${ARG_COST})
@@ -76,4 +77,23 @@ function(cohort_add_tests name)
   if(NOT "root" IN_LIST ARG_LABELS)
     set_property(GLOBAL APPEND PROPERTY COHORT_UNPRIVILEGED_TESTS ${name})
   endif()
+endfunction()
+
+# Under sanitizers, every executable's own files (the programs' mains, the test files, the
+# benchmarks' drivers: glue whose run time goes into the libraries they call) compile at -O0,
+# the libraries at the build's level: instrumented code is slow to optimise, and these files
+# are most of CI's sanitizer builds (docs/PERFORMANCE.md 13). Called once from the top-level
+# CMakeLists.txt after every subdirectory; walks them all.
+function(cohort_sanitizer_glue_at_O0 dir)
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(target ${targets})
+    get_target_property(type ${target} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      target_compile_options(${target} PRIVATE -O0)
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(subdir ${subdirs})
+    cohort_sanitizer_glue_at_O0(${subdir})
+  endforeach()
 endfunction()

@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
+  procps util-linux  # scripts/test.sh: pgrep, and chrt for the builds it runs beside the tests
   libzmq3-dev cppzmq-dev
   capnproto libcapnp-dev
   libssl-dev openssl

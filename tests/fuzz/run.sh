@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets with clang under ASan + UBSan in build-fuzz/, replays the committed
 # seed corpus (tests/fuzz/corpus/<target>/) and then fuzzes each target for a short time.
 # Usage: tests/fuzz/run.sh [seconds per target, default 25]
-#        COHORT_FUZZ_REPLAY_ONLY=1 tests/fuzz/run.sh     (CI: replay the corpus only)
+#        COHORT_FUZZ_REPLAY_ONLY=1 tests/fuzz/run.sh     (replay the corpus only)
+#        COHORT_FUZZ_BUILD_ONLY=1 tests/fuzz/run.sh      (build the targets, run nothing)
 # New inputs found go to build-fuzz/corpus/<target>/ (not committed); crashes to
 # build-fuzz/findings/<target>/. Exits non-zero on the first crash.
 set -euo pipefail
@@ -15,6 +16,7 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithD
   -DCOHORT_FUZZ=ON -DCOHORT_SANITIZE=address,undefined -DCOHORT_WITH_CUDA=OFF \
   -DCOHORT_BUILD_BENCH=OFF -DCOHORT_NATIVE=OFF >/dev/null
 cmake --build "$build" -j "${COHORT_FUZZ_JOBS:-2}" --target "${targets[@]}"
+if [ "${COHORT_FUZZ_BUILD_ONLY:-0}" = "1" ]; then exit 0; fi
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
