@@ -36,7 +36,13 @@ function(cohort_add_tests name)
   target_compile_definitions(${name} PRIVATE ${ARG_DEFINES})
   # Test files compile at -O0, the libraries they test at the build's level: a test's time goes
   # into the code it tests, and its own files are half of a build (docs/PERFORMANCE.md 13).
-  target_compile_options(${name} PRIVATE -O0)
+  # Under ThreadSanitizer at -O1: its tests run last, alone, and every access a test file makes
+  # at -O0 (byte loops over 64 MiB payloads) is a TSan check.
+  if(COHORT_SANITIZE STREQUAL "thread")
+    target_compile_options(${name} PRIVATE -O1)
+  else()
+    target_compile_options(${name} PRIVATE -O0)
+  endif()
   # A sanitizer build leaves out the test cases in doctest's test suite "long": whole runs kept
   # for their learning outcome (an accuracy after several rounds) or for a deadline they wait out,
   # whose code paths shorter cases run under the sanitizers too. The Release pass runs them.
@@ -88,7 +94,8 @@ function(cohort_sanitizer_glue_at_O0 dir)
   get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
   foreach(target ${targets})
     get_target_property(type ${target} TYPE)
-    if(type STREQUAL "EXECUTABLE")
+    get_target_property(test_options ${target} COMPILE_OPTIONS)
+    if(type STREQUAL "EXECUTABLE" AND NOT "-O1" IN_LIST test_options)
       target_compile_options(${target} PRIVATE -O0)
     endif()
   endforeach()
