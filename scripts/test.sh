@@ -19,8 +19,8 @@ skip_asan=${COHORT_TEST_SKIP_ASAN:-0} skip_tsan=${COHORT_TEST_SKIP_TSAN:-0}
 skip_fuzz=${COHORT_TEST_SKIP_FUZZ:-0}
 
 # The next pass's build runs in the background while a pass's tests run, under SCHED_IDLE: it gets
-# a core only when no test wants it, and the tests leave about half the machine idle
-# (docs/PERFORMANCE.md 13). Its output goes to a log, printed when the script waits for it. The
+# a core only when no test wants it, and the tests leave much of the machine idle, waiting on
+# processes, links and deadlines (docs/PERFORMANCE.md 13). Its output goes to a log, printed when the script waits for it. The
 # tests labelled serial (they compare CPU speeds, or take the machine: RUN_SERIAL) run only once
 # no build is left in the background.
 background=
