@@ -70,7 +70,7 @@ if [ "$skip_asan" != "1" ]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOHORT_WITH_CUDA=OFF \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DCOHORT_SANITIZE=address,undefined -DCOHORT_BUILD_BENCH=ON
-  start_background build-asan.log cmake --build build-asan -j "$jobs" --target cohort_unprivileged_tests
+  start_background build/background-asan.log cmake --build build-asan -j "$jobs" --target cohort_unprivileged_tests
 fi
 
 ctest --test-dir build --output-on-failure --timeout 600 -j "$ctest_jobs" -LE serial
@@ -108,7 +108,7 @@ later_builds() {
 }
 
 if [ "$skip_asan" != "1" ]; then
-  start_background build-later.log later_builds
+  start_background build/background-later.log later_builds
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   ctest --test-dir build-asan --output-on-failure --timeout 900 -j "$ctest_jobs" \
     -LE 'root|bench|long|python|serial'
