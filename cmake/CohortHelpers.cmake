@@ -89,13 +89,14 @@ endfunction()
 # benchmarks' drivers: glue whose run time goes into the libraries they call) compile at -O0,
 # the libraries at the build's level: instrumented code is slow to optimise, and these files
 # are most of CI's sanitizer builds (docs/PERFORMANCE.md 13). Called once from the top-level
-# CMakeLists.txt after every subdirectory; walks them all.
+# CMakeLists.txt after every subdirectory; walks them all. An executable that already chose its
+# level (the test binaries, in cohort_add_tests) keeps it.
 function(cohort_sanitizer_glue_at_O0 dir)
   get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
   foreach(target ${targets})
     get_target_property(type ${target} TYPE)
-    get_target_property(test_options ${target} COMPILE_OPTIONS)
-    if(type STREQUAL "EXECUTABLE" AND NOT "-O1" IN_LIST test_options)
+    get_target_property(options ${target} COMPILE_OPTIONS)
+    if(type STREQUAL "EXECUTABLE" AND NOT "${options}" MATCHES "(^|;)-O[0-3gs](;|$)")
       target_compile_options(${target} PRIVATE -O0)
     endif()
   endforeach()
